@@ -1,0 +1,123 @@
+"""Frozen, validated configuration objects.
+
+Validation happens at construction, so a bad value fails where it is written, with
+a message that says what would be valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+from dataset_rt.errors import InvalidArgumentError
+
+CompressionAlgo: TypeAlias = Literal["none", "lz4", "zstd"]
+
+_ZSTD_LEVELS = range(1, 23)
+
+
+def _require_int(owner: str, name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(
+            f"{owner}.{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}"
+        )
+    if value < minimum:
+        raise InvalidArgumentError(f"{owner}.{name} must be >= {minimum}, got {value}")
+
+
+def _require_bool(owner: str, name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(
+            f"{owner}.{name} must be a bool, got {type(value).__name__} {value!r}"
+        )
+
+
+@dataclass(frozen=True)
+class ShardCompression:
+    """Per-record compression of payload shards.
+
+    ``algo`` is ``"none"``, ``"lz4"`` or ``"zstd"``; ``level`` applies to zstd
+    (1-22, default 3). Each record is compressed on its own, so any record can be
+    read without touching its neighbours.
+    """
+
+    algo: CompressionAlgo = "none"
+    level: int = 3
+
+    def __post_init__(self) -> None:
+        if self.algo not in ("none", "lz4", "zstd"):
+            raise InvalidArgumentError(
+                f"ShardCompression.algo must be 'none', 'lz4' or 'zstd', got {self.algo!r}"
+            )
+        _require_int("ShardCompression", "level", self.level, minimum=1)
+        if self.level not in _ZSTD_LEVELS:
+            raise InvalidArgumentError(
+                f"ShardCompression.level must be between 1 and 22, got {self.level}"
+            )
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """How caches are written.
+
+    ``prefetch_size`` bounds the records pulled from the source ahead of the
+    committed ones; ``max_shard_bytes`` is the size at which a payload shard is
+    closed and the next one started; ``show_progress`` draws a progress bar when
+    stderr is a terminal (silent otherwise); ``validate_cache`` verifies the full
+    checksums of an existing cache before ``from_cache_sources`` reuses it.
+    """
+
+    prefetch_size: int = 64
+    max_shard_bytes: int = 64 * 1024 * 1024
+    shard_compression: ShardCompression = field(default_factory=ShardCompression)
+    show_progress: bool = True
+    validate_cache: bool = False
+
+    def __post_init__(self) -> None:
+        _require_int("WriterConfig", "prefetch_size", self.prefetch_size, minimum=1)
+        _require_int("WriterConfig", "max_shard_bytes", self.max_shard_bytes, minimum=1)
+        if not isinstance(self.shard_compression, ShardCompression):
+            raise InvalidArgumentError(
+                "WriterConfig.shard_compression must be a ShardCompression, got "
+                f"{type(self.shard_compression).__name__}"
+            )
+        _require_bool("WriterConfig", "show_progress", self.show_progress)
+        _require_bool("WriterConfig", "validate_cache", self.validate_cache)
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """How a dataset is read.
+
+    ``seed`` fixes the stream (any int that fits in 64 bits, negative values are
+    taken modulo 2**64); ``prefetch_size`` is the number of samples decoded ahead
+    of the consumer; ``shuffle`` selects weighted sampling with replacement
+    (``True``) or the active rows in order (``False``); ``validate_cache`` verifies
+    the full checksum of every cache file when the dataset is opened.
+    """
+
+    seed: int
+    prefetch_size: int = 64
+    shuffle: bool = True
+    validate_cache: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise InvalidArgumentError(
+                f"ReaderConfig.seed must be an int, got {type(self.seed).__name__} {self.seed!r}"
+            )
+        if not -(2**63) <= self.seed < 2**64:
+            raise InvalidArgumentError(
+                f"ReaderConfig.seed must fit in 64 bits (-2**63 <= seed < 2**64), got {self.seed}"
+            )
+        _require_int("ReaderConfig", "prefetch_size", self.prefetch_size, minimum=1)
+        _require_bool("ReaderConfig", "shuffle", self.shuffle)
+        _require_bool("ReaderConfig", "validate_cache", self.validate_cache)
+
+    @property
+    def seed_u64(self) -> int:
+        """The seed as the unsigned 64-bit value the sampler uses."""
+        return self.seed % 2**64
+
+
+DEFAULT_WRITER_CONFIG = WriterConfig()

@@ -1,0 +1,173 @@
+"""`CachedDataset`: the active population of a set of caches and its epoch streams.
+
+All state that affects which samples are read (population, stream position, epoch
+length) lives in Rust; this class adapts it to Python (Polars in, Polars out,
+samples and Arrow record batches out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+import pyarrow as pa
+
+from dataset_rt import _native
+from dataset_rt.config import ReaderConfig
+from dataset_rt.errors import InvalidArgumentError
+from dataset_rt.records import CachedSample
+
+if TYPE_CHECKING:
+    from dataset_rt.torch import CachedIterableDataset
+
+
+class CachedDataset:
+    """A readable view of one or more immutable caches.
+
+    Iterating it (``for sample in dataset``) yields `CachedSample` records: each new
+    iterator takes the next ``len(dataset)`` positions of the dataset's
+    deterministic stream. Use `DatasetRuntime.cached_dataset` or
+    `DatasetRuntime.from_cache_sources` to create one.
+    """
+
+    __slots__ = ("_native", "cache_paths", "reader_config")
+
+    cache_paths: list[Path]
+    reader_config: ReaderConfig
+
+    def __init__(self) -> None:
+        raise TypeError("use DatasetRuntime.cached_dataset() to open a CachedDataset")
+
+    @classmethod
+    def _open(
+        cls, runtime: _native.Runtime, paths: Sequence[Path], config: ReaderConfig
+    ) -> CachedDataset:
+        dataset = cls.__new__(cls)
+        dataset.cache_paths = list(paths)
+        dataset.reader_config = config
+        dataset._native = _native.Dataset(
+            runtime,
+            [str(p) for p in paths],
+            seed=config.seed_u64,
+            shuffle=config.shuffle,
+            prefetch_size=config.prefetch_size,
+            validate_cache=config.validate_cache,
+        )
+        return dataset
+
+    # -- population -------------------------------------------------------------
+
+    def get_metadata(self) -> pl.DataFrame:
+        """The active population as a Polars DataFrame.
+
+        Columns: ``cache_id`` (UInt64), ``sample_id`` (UInt64), the stored metadata
+        columns, ``weight`` (Float64), then any extra columns of the last update, in
+        the row order of the last update (duplicates included).
+        """
+        return pl.DataFrame(self._native.metadata())
+
+    def update_metadata(self, table: Any) -> None:
+        """Validate ``table`` in Rust and make it the active population.
+
+        ``table`` is any object that exports the Arrow C stream interface (a Polars
+        DataFrame, a pyarrow Table or RecordBatchReader). On success the stream
+        position resets to 0 and the epoch length to the new row count. On failure
+        an `InvalidPopulationError` names the column, the first offending row and
+        how many rows fail, and nothing changes.
+        """
+        self._native.update_metadata(table)
+
+    def samples_metadata(self) -> pl.DataFrame:
+        """Alias of `get_metadata`."""
+        return self.get_metadata()
+
+    def set_samples_metadata(self, table: Any) -> None:
+        """Alias of `update_metadata`."""
+        self.update_metadata(table)
+
+    @property
+    def metadata_columns(self) -> list[str]:
+        """The names of the metadata columns stored in the caches."""
+        return list(self._native.stored_columns)
+
+    # -- the stream -------------------------------------------------------------
+
+    def set_epoch_len(self, epoch_len: int) -> None:
+        """Set how many positions each future iterator takes (existing ones keep theirs)."""
+        if isinstance(epoch_len, bool) or not isinstance(epoch_len, int):
+            raise InvalidArgumentError(
+                f"epoch_len must be an int >= 1, got {type(epoch_len).__name__}"
+            )
+        self._native.set_epoch_len(epoch_len)
+
+    def __len__(self) -> int:
+        """The epoch length: how many samples the next iterator yields."""
+        return self._native.epoch_len
+
+    def __iter__(self) -> Iterator[CachedSample]:
+        """Take the next ``len(self)`` positions of the stream, decoded as samples.
+
+        The iterator is a snapshot: later updates do not change what it yields.
+        """
+        return self._native.samples()  # type: ignore[no-any-return]
+
+    def iter_batches(
+        self, columns: Sequence[str] | None = None, *, batch_size: int = 1024
+    ) -> pa.RecordBatchReader:
+        """Take the next epoch like ``iter(self)`` but as Arrow record batches.
+
+        Each batch has ``position`` (the draw's position in the stream),
+        ``cache_id``, ``sample_id``, ``payload`` (large_binary) and the chosen
+        metadata columns (all stored columns when ``columns`` is None). Batches
+        hold at most ``batch_size`` rows and stay within a few MiB.
+        """
+        stream = self._native.batches(
+            None if columns is None else list(columns), batch_size=batch_size
+        )
+        return pa.RecordBatchReader.from_stream(stream)
+
+    def stream(
+        self,
+        *,
+        start: int = 0,
+        count: int | None = None,
+        stride: int = 1,
+        columns: Sequence[str] | None = None,
+        batch_size: int = 1024,
+    ) -> pa.RecordBatchReader:
+        """Read positions ``start, start + stride, ...`` (``count`` of them) directly.
+
+        This does not move the dataset's own position; any window of the stream can
+        be read without computing the positions before it. ``count`` defaults to
+        the epoch length.
+        """
+        native = self._native.stream(
+            start,
+            self._native.epoch_len if count is None else count,
+            stride,
+            None if columns is None else list(columns),
+            batch_size=batch_size,
+        )
+        return pa.RecordBatchReader.from_stream(native)
+
+    def get_item(self, cache_id: int, sample_id: int) -> CachedSample:
+        """Read one record by identity (stored metadata, not the population's extras)."""
+        return self._native.get_item(cache_id, sample_id)  # type: ignore[no-any-return]
+
+    def to_torch_iterable_dataset(self) -> CachedIterableDataset:
+        """Wrap this dataset as a ``torch.utils.data.IterableDataset``.
+
+        Each DataLoader worker reads a disjoint stride of the epoch. Raises
+        ImportError when torch is not installed.
+        """
+        from dataset_rt.torch import CachedIterableDataset
+
+        return CachedIterableDataset(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"CachedDataset(caches={len(self.cache_paths)}, rows={self._native.num_rows}, "
+            f"epoch_len={len(self)}, shuffle={self.reader_config.shuffle})"
+        )

@@ -1,0 +1,99 @@
+//! The in-process dataset's stream cursor: which positions the next iterator
+//! takes. Each new iterator takes the next `epoch_len` positions; an update
+//! resets the position to 0 and the epoch length to the new row count.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+use crate::population::Population;
+use crate::sampling::{StreamOrder, StreamWindow};
+use crate::storage::CacheSet;
+
+struct Cursor {
+    population: Arc<Population>,
+    position: u64,
+    epoch_len: u64,
+}
+
+/// The epoch an iterator reads: a population snapshot and a window.
+pub struct EpochSnapshot {
+    pub population: Arc<Population>,
+    pub window: StreamWindow,
+}
+
+pub struct Dataset {
+    caches: Arc<CacheSet>,
+    order: StreamOrder,
+    cursor: Mutex<Cursor>,
+}
+
+impl Dataset {
+    pub fn new(caches: Arc<CacheSet>, order: StreamOrder) -> Result<Self> {
+        let population = Arc::new(Population::full(&caches)?);
+        let epoch_len = population.num_rows() as u64;
+        Ok(Dataset {
+            caches,
+            order,
+            cursor: Mutex::new(Cursor {
+                population,
+                position: 0,
+                epoch_len,
+            }),
+        })
+    }
+
+    fn cursor(&self) -> Result<MutexGuard<'_, Cursor>> {
+        self.cursor
+            .lock()
+            .map_err(|_| Error::invalid("the dataset's lock is poisoned"))
+    }
+
+    pub fn caches(&self) -> &Arc<CacheSet> {
+        &self.caches
+    }
+
+    pub fn order(&self) -> StreamOrder {
+        self.order
+    }
+
+    pub fn population(&self) -> Result<Arc<Population>> {
+        Ok(self.cursor()?.population.clone())
+    }
+
+    pub fn epoch_len(&self) -> Result<u64> {
+        Ok(self.cursor()?.epoch_len)
+    }
+
+    pub fn position(&self) -> Result<u64> {
+        Ok(self.cursor()?.position)
+    }
+
+    /// Swap in a validated population (built without holding the lock).
+    pub fn activate(&self, population: Population) -> Result<()> {
+        let mut cursor = self.cursor()?;
+        cursor.epoch_len = population.num_rows() as u64;
+        cursor.population = Arc::new(population);
+        cursor.position = 0;
+        Ok(())
+    }
+
+    pub fn set_epoch_len(&self, epoch_len: u64) -> Result<()> {
+        if epoch_len == 0 {
+            return Err(Error::invalid("epoch_len must be >= 1"));
+        }
+        self.cursor()?.epoch_len = epoch_len;
+        Ok(())
+    }
+
+    /// Take the next epoch: the current population and the next `epoch_len`
+    /// positions.
+    pub fn next_epoch(&self) -> Result<EpochSnapshot> {
+        let mut cursor = self.cursor()?;
+        let window = StreamWindow::new(cursor.position, cursor.epoch_len, 1)?;
+        cursor.position += cursor.epoch_len;
+        Ok(EpochSnapshot {
+            population: cursor.population.clone(),
+            window,
+        })
+    }
+}

@@ -1,0 +1,103 @@
+//! The engine's one error type. `python/errors.rs` maps each variant to one
+//! Python exception class; the Flight server maps those to Flight statuses.
+
+use std::path::{Path, PathBuf};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A cache file is missing, truncated, malformed, of an unknown version or
+    /// fails a checksum.
+    #[error("corrupt cache file {path}: {detail}")]
+    CorruptCache { path: PathBuf, detail: String },
+
+    /// The operating system refused an operation on `path`.
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Records or caches disagree about the metadata schema.
+    #[error("{0}")]
+    Schema(String),
+
+    /// A metadata table was rejected; nothing changed.
+    #[error("{message}")]
+    InvalidPopulation {
+        column: Option<String>,
+        first_row: Option<u64>,
+        count: Option<u64>,
+        message: String,
+    },
+
+    /// An argument is out of range or of the wrong kind.
+    #[error("{0}")]
+    InvalidArgument(String),
+
+    /// A source yielded a bad record or failed while it was read.
+    #[error("{0}")]
+    Source(String),
+
+    /// An Arrow kernel failed (a bug or an unsupported input type).
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+}
+
+impl Error {
+    pub fn corrupt(path: impl AsRef<Path>, detail: impl Into<String>) -> Self {
+        Error::CorruptCache {
+            path: path.as_ref().to_path_buf(),
+            detail: detail.into(),
+        }
+    }
+
+    pub fn io(action: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        Error::Io {
+            action,
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+
+    /// A rejection that is about the whole table rather than rows of a column.
+    pub fn population(message: impl Into<String>) -> Self {
+        Error::InvalidPopulation {
+            column: None,
+            first_row: None,
+            count: None,
+            message: message.into(),
+        }
+    }
+
+    /// A rejection of `count` rows of `column`, the first of them `first_row`.
+    pub fn population_rows(column: &str, first_row: u64, count: u64, problem: &str) -> Self {
+        Error::InvalidPopulation {
+            column: Some(column.to_string()),
+            first_row: Some(first_row),
+            count: Some(count),
+            message: format!(
+                "column '{column}': {problem} (first offending row {first_row}, {count} row{} fail)",
+                if count == 1 { "" } else { "s" }
+            ),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::InvalidArgument(message.into())
+    }
+}
+
+/// Attach the path to an I/O result.
+pub trait IoContext<T> {
+    fn at(self, action: &'static str, path: &Path) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn at(self, action: &'static str, path: &Path) -> Result<T> {
+        self.map_err(|source| Error::io(action, path, source))
+    }
+}

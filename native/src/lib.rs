@@ -1,0 +1,16 @@
+//! DatasetRT's engine: immutable caches (`storage`), validated populations
+//! (`population`), counter-based draws (`sampling`) and epoch streams read by a
+//! fixed pool of worker threads (`stream`). `python` holds the PyO3 bindings and
+//! is the only module that knows about Python.
+
+pub mod dataset;
+pub mod error;
+pub mod population;
+pub mod sampling;
+pub mod storage;
+pub mod stream;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use error::{Error, Result};

@@ -1,0 +1,196 @@
+//! The active population: the metadata table whose rows the stream draws from.
+//!
+//! A population is immutable once built. Building one validates the table
+//! against the caches (see `validate.rs`); a rejected table changes nothing
+//! because the caller only swaps in a population that was built successfully.
+
+mod validate;
+
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Float64Array, RecordBatch, UInt64Array};
+use arrow_schema::{Field, Schema, SchemaRef};
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::error::{Error, Result};
+use crate::sampling::AliasTable;
+use crate::storage::CacheSet;
+
+pub use validate::validate_table;
+
+pub struct Population {
+    /// The table as supplied (or the default table), returned by `get_metadata`.
+    table: RecordBatch,
+    /// Per row: the position of its cache in the `CacheSet`.
+    cache_index: Vec<u32>,
+    sample_ids: Vec<u64>,
+    /// Columns in canonical types (identities UInt64, stored columns as in the
+    /// cache, weight Float64), used to assemble stream batches.
+    canonical: Vec<(String, ArrayRef)>,
+    alias: AliasTable,
+    content_hash: u64,
+}
+
+impl Population {
+    /// Every record of every cache once, weight 1.0.
+    pub fn full(caches: &CacheSet) -> Result<Self> {
+        let total = caches.total_records() as usize;
+        let mut cache_index = Vec::with_capacity(total);
+        let mut sample_ids = Vec::with_capacity(total);
+        let mut cache_ids = Vec::with_capacity(total);
+        for (i, cache) in caches.caches().iter().enumerate() {
+            cache_index.extend(std::iter::repeat_n(i as u32, cache.len() as usize));
+            cache_ids.extend(std::iter::repeat_n(cache.cache_id(), cache.len() as usize));
+            sample_ids.extend(0..cache.len());
+        }
+        let mut fields = vec![
+            Field::new("cache_id", arrow_schema::DataType::UInt64, false),
+            Field::new("sample_id", arrow_schema::DataType::UInt64, false),
+        ];
+        let mut arrays: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from(cache_ids)),
+            Arc::new(UInt64Array::from(sample_ids.clone())),
+        ];
+        for (k, spec) in caches.columns().iter().enumerate() {
+            let parts: Vec<&dyn arrow_array::Array> = caches
+                .caches()
+                .iter()
+                .map(|c| c.metadata().column(k + 1).as_ref())
+                .collect();
+            arrays.push(arrow_select::concat::concat(&parts)?);
+            fields.push(Field::new(&spec.name, spec.dtype.arrow(), false));
+        }
+        arrays.push(Arc::new(Float64Array::from(vec![1.0; total])));
+        fields.push(Field::new("weight", arrow_schema::DataType::Float64, false));
+        let table = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?;
+        let weights = vec![1.0; total];
+        Self::assemble(caches, table, cache_index, sample_ids, &weights)
+    }
+
+    /// Validate `table` against `caches` and build a population from it.
+    pub fn from_table(caches: &CacheSet, table: RecordBatch) -> Result<Self> {
+        let checked = validate_table(caches, &table)?;
+        Self::assemble(
+            caches,
+            table,
+            checked.cache_index,
+            checked.sample_ids,
+            &checked.weights,
+        )
+    }
+
+    fn assemble(
+        caches: &CacheSet,
+        table: RecordBatch,
+        cache_index: Vec<u32>,
+        sample_ids: Vec<u64>,
+        weights: &[f64],
+    ) -> Result<Self> {
+        let alias = AliasTable::new(weights)?;
+        let cache_ids: Vec<u64> = cache_index
+            .iter()
+            .map(|&i| caches.get(i).cache_id())
+            .collect();
+        let mut canonical: Vec<(String, ArrayRef)> = vec![
+            ("cache_id".into(), Arc::new(UInt64Array::from(cache_ids))),
+            (
+                "sample_id".into(),
+                Arc::new(UInt64Array::from(sample_ids.clone())),
+            ),
+        ];
+        for spec in caches.columns() {
+            let column = table
+                .column_by_name(&spec.name)
+                .ok_or_else(|| Error::population(format!("missing column '{}'", spec.name)))?;
+            canonical.push((
+                spec.name.clone(),
+                arrow_cast::cast(column, &spec.dtype.arrow())?,
+            ));
+        }
+        canonical.push((
+            "weight".into(),
+            Arc::new(Float64Array::from(weights.to_vec())),
+        ));
+        let content_hash = hash_identities(&canonical, &table);
+        Ok(Population {
+            table,
+            cache_index,
+            sample_ids,
+            canonical,
+            alias,
+            content_hash,
+        })
+    }
+
+    pub fn table(&self) -> &RecordBatch {
+        &self.table
+    }
+
+    pub fn num_rows(&self) -> usize {
+        self.cache_index.len()
+    }
+
+    pub fn alias(&self) -> &AliasTable {
+        &self.alias
+    }
+
+    /// The record of population row `row`: (cache position, sample id).
+    #[inline]
+    pub fn record(&self, row: usize) -> (u32, u64) {
+        (self.cache_index[row], self.sample_ids[row])
+    }
+
+    /// A column for stream batches: canonical for identities, stored columns and
+    /// `weight`, as supplied for extra columns.
+    pub fn column(&self, name: &str) -> Option<(Field, ArrayRef)> {
+        if let Some((_, array)) = self.canonical.iter().find(|(n, _)| n == name) {
+            return Some((
+                Field::new(name, array.data_type().clone(), false),
+                array.clone(),
+            ));
+        }
+        let schema = self.table.schema();
+        let (i, field) = schema.column_with_name(name)?;
+        Some((field.as_ref().clone(), self.table.column(i).clone()))
+    }
+
+    /// The names of the columns a stream may carry: everything in the table.
+    pub fn column_names(&self) -> Vec<String> {
+        self.table
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
+    }
+
+    pub fn schema(&self) -> SchemaRef {
+        self.table.schema()
+    }
+
+    /// A hash of the rows' identities, weights and order plus the extra columns'
+    /// names; equal tables hash equally.
+    pub fn content_hash(&self) -> u64 {
+        self.content_hash
+    }
+}
+
+fn hash_identities(canonical: &[(String, ArrayRef)], table: &RecordBatch) -> u64 {
+    let mut hasher = Xxh3::new();
+    hasher.update(b"dataset_rt.population.v1\0");
+    // Identities and weights are freshly built, unsliced arrays, so their
+    // buffers are exactly their values. Stored columns follow from identities.
+    for (name, array) in canonical {
+        if matches!(name.as_str(), "cache_id" | "sample_id" | "weight") {
+            hasher.update(name.as_bytes());
+            for buffer in array.to_data().buffers() {
+                hasher.update(buffer.as_slice());
+            }
+        }
+    }
+    for field in table.schema().fields() {
+        hasher.update(field.name().as_bytes());
+        hasher.update(&[0]);
+    }
+    hasher.digest()
+}

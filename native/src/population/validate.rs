@@ -1,0 +1,371 @@
+//! All-or-nothing validation of a metadata table against its caches.
+//!
+//! Every rejection names the column, the first offending row and how many rows
+//! fail, and says what would be valid.
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int64Type};
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray};
+use arrow_schema::DataType;
+
+use crate::error::{Error, Result};
+use crate::storage::{CacheSet, MetaType};
+
+/// What validation learned about each row.
+pub struct CheckedRows {
+    pub cache_index: Vec<u32>,
+    pub sample_ids: Vec<u64>,
+    pub weights: Vec<f64>,
+}
+
+pub fn validate_table(caches: &CacheSet, table: &RecordBatch) -> Result<CheckedRows> {
+    if table.num_rows() == 0 {
+        return Err(Error::population(
+            "the table is empty (0 rows); a population needs at least one row",
+        ));
+    }
+    if table.num_rows() > u32::MAX as usize {
+        return Err(Error::population(format!(
+            "the table has {} rows; a population holds at most {}",
+            table.num_rows(),
+            u32::MAX
+        )));
+    }
+    check_required_columns(caches, table)?;
+    let cache_ids = identity_column(table, "cache_id")?;
+    let sample_ids = identity_column(table, "sample_id")?;
+    let cache_index = resolve_caches(caches, &cache_ids)?;
+    check_sample_ids(caches, &cache_index, &sample_ids)?;
+    for (k, spec) in caches.columns().iter().enumerate() {
+        check_stored_column(caches, table, k, &spec.name, spec.dtype, &cache_index, &sample_ids)?;
+    }
+    let weights = weight_column(table)?;
+    Ok(CheckedRows {
+        cache_index,
+        sample_ids,
+        weights,
+    })
+}
+
+fn check_required_columns(caches: &CacheSet, table: &RecordBatch) -> Result<()> {
+    let schema = table.schema();
+    let required: Vec<&str> = ["cache_id", "sample_id"]
+        .into_iter()
+        .chain(caches.columns().iter().map(|c| c.name.as_str()))
+        .chain(["weight"])
+        .collect();
+    let missing: Vec<&str> = required
+        .iter()
+        .copied()
+        .filter(|name| schema.column_with_name(name).is_none())
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::InvalidPopulation {
+            column: missing.first().map(|s| s.to_string()),
+            first_row: None,
+            count: None,
+            message: format!(
+                "missing column{} {}; a population table needs {} (extra columns are allowed)",
+                if missing.len() == 1 { "" } else { "s" },
+                quote_list(&missing),
+                quote_list(&required)
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn quote_list(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An identity column as u64 values, rejecting nulls, negatives and non-integers.
+fn identity_column(table: &RecordBatch, name: &str) -> Result<Vec<u64>> {
+    let column = table
+        .column_by_name(name)
+        .ok_or_else(|| Error::population(format!("missing column '{name}'")))?;
+    if !column.data_type().is_integer() {
+        return Err(Error::InvalidPopulation {
+            column: Some(name.into()),
+            first_row: None,
+            count: None,
+            message: format!(
+                "column '{name}' is {}; it must be an integer column (UInt64)",
+                column.data_type()
+            ),
+        });
+    }
+    reject_nulls(name, column, "is null; identities must be set")?;
+    if let Some(unsigned) = column.as_primitive_opt::<arrow_array::types::UInt64Type>() {
+        return Ok(unsigned.values().to_vec());
+    }
+    let as_i128 = arrow_cast::cast(column, &DataType::Decimal128(38, 0))?;
+    let decimals = as_i128.as_primitive::<arrow_array::types::Decimal128Type>();
+    let mut values = Vec::with_capacity(column.len());
+    let mut bad = 0u64;
+    let mut first = None;
+    for (row, v) in decimals.values().iter().enumerate() {
+        if *v < 0 || *v > i128::from(u64::MAX) {
+            bad += 1;
+            first.get_or_insert(row as u64);
+            values.push(0);
+        } else {
+            values.push(*v as u64);
+        }
+    }
+    if let Some(first) = first {
+        return Err(Error::population_rows(
+            name,
+            first,
+            bad,
+            "is negative; identities are unsigned 64-bit integers",
+        ));
+    }
+    Ok(values)
+}
+
+fn reject_nulls(name: &str, column: &ArrayRef, problem: &str) -> Result<()> {
+    if column.null_count() == 0 {
+        return Ok(());
+    }
+    let first = (0..column.len()).find(|&i| column.is_null(i)).unwrap_or(0);
+    Err(Error::population_rows(
+        name,
+        first as u64,
+        column.null_count() as u64,
+        problem,
+    ))
+}
+
+fn resolve_caches(caches: &CacheSet, cache_ids: &[u64]) -> Result<Vec<u32>> {
+    let mut out = Vec::with_capacity(cache_ids.len());
+    let mut bad = 0u64;
+    let mut first = None;
+    // Consecutive rows usually share a cache: remember the last lookup.
+    let mut last: Option<(u64, Option<u32>)> = None;
+    for (row, &id) in cache_ids.iter().enumerate() {
+        let found = match last {
+            Some((last_id, found)) if last_id == id => found,
+            _ => {
+                let found = caches.index_of(id);
+                last = Some((id, found));
+                found
+            }
+        };
+        match found {
+            Some(i) => out.push(i),
+            None => {
+                bad += 1;
+                first.get_or_insert((row as u64, id));
+                out.push(0);
+            }
+        }
+    }
+    if let Some((row, id)) = first {
+        let known: Vec<String> = caches
+            .caches()
+            .iter()
+            .map(|c| c.cache_id().to_string())
+            .collect();
+        return Err(Error::population_rows(
+            "cache_id",
+            row,
+            bad,
+            &format!(
+                "unknown cache_id {id}; the dataset's caches are [{}]",
+                known.join(", ")
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+fn check_sample_ids(caches: &CacheSet, cache_index: &[u32], sample_ids: &[u64]) -> Result<()> {
+    let mut bad = 0u64;
+    let mut first = None;
+    for (row, (&ci, &sid)) in cache_index.iter().zip(sample_ids).enumerate() {
+        if sid >= caches.get(ci).len() {
+            bad += 1;
+            first.get_or_insert((row as u64, sid, ci));
+        }
+    }
+    if let Some((row, sid, ci)) = first {
+        let cache = caches.get(ci);
+        return Err(Error::population_rows(
+            "sample_id",
+            row,
+            bad,
+            &format!(
+                "unknown sample_id {sid}; cache {} has sample ids 0..{}",
+                cache.cache_id(),
+                cache.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The stored column must have the cache's type and, for every row, the cache's
+/// value for that row's identity: stored metadata is read-only.
+fn check_stored_column(
+    caches: &CacheSet,
+    table: &RecordBatch,
+    k: usize,
+    name: &str,
+    dtype: MetaType,
+    cache_index: &[u32],
+    sample_ids: &[u64],
+) -> Result<()> {
+    let column = table
+        .column_by_name(name)
+        .ok_or_else(|| Error::population(format!("missing column '{name}'")))?;
+    let accepted = match dtype {
+        MetaType::String => matches!(
+            column.data_type(),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+        ),
+        _ => column.data_type() == &dtype.arrow(),
+    };
+    if !accepted {
+        return Err(Error::InvalidPopulation {
+            column: Some(name.into()),
+            first_row: None,
+            count: None,
+            message: format!(
+                "column '{name}' is {} but the cache stores it as {} ({}); stored columns keep \
+                 their type (add a new column for derived values)",
+                column.data_type(),
+                dtype.arrow(),
+                dtype.name()
+            ),
+        });
+    }
+    reject_nulls(
+        name,
+        column,
+        "is null; stored metadata columns must equal the cache's values",
+    )?;
+    let stored: Vec<&ArrayRef> = caches
+        .caches()
+        .iter()
+        .map(|c| c.metadata().column(k + 1))
+        .collect();
+    let rows = cache_index.iter().zip(sample_ids);
+    let mismatch = match dtype {
+        MetaType::Int64 => {
+            let got = column.as_primitive::<Int64Type>();
+            let want: Vec<_> = stored.iter().map(|a| a.as_primitive::<Int64Type>()).collect();
+            first_mismatch(rows, |row, ci, sid| {
+                let (a, b) = (got.value(row), want[ci].value(sid));
+                (a != b).then(|| (a.to_string(), b.to_string()))
+            })
+        }
+        MetaType::Float64 => {
+            let got = column.as_primitive::<Float64Type>();
+            let want: Vec<_> = stored.iter().map(|a| a.as_primitive::<Float64Type>()).collect();
+            first_mismatch(rows, |row, ci, sid| {
+                let (a, b) = (got.value(row), want[ci].value(sid));
+                let same = a == b || a.to_bits() == b.to_bits();
+                (!same).then(|| (a.to_string(), b.to_string()))
+            })
+        }
+        MetaType::Bool => {
+            let got: &BooleanArray = column.as_boolean();
+            let want: Vec<&BooleanArray> = stored.iter().map(|a| a.as_boolean()).collect();
+            first_mismatch(rows, |row, ci, sid| {
+                let (a, b) = (got.value(row), want[ci].value(sid));
+                (a != b).then(|| (a.to_string(), b.to_string()))
+            })
+        }
+        MetaType::String => {
+            let utf8 = arrow_cast::cast(column, &DataType::Utf8)?;
+            let got: &StringArray = utf8.as_string::<i32>();
+            let want: Vec<&StringArray> = stored.iter().map(|a| a.as_string::<i32>()).collect();
+            first_mismatch(rows, |row, ci, sid| {
+                let (a, b) = (got.value(row), want[ci].value(sid));
+                (a != b).then(|| (format!("{a:?}"), format!("{b:?}")))
+            })
+        }
+    };
+    if let Some((row, count, got, want)) = mismatch {
+        return Err(Error::population_rows(
+            name,
+            row,
+            count,
+            &format!(
+                "the table's value {got} differs from the cache's stored value {want} for that \
+                 (cache_id, sample_id); stored columns are read-only (add a new column for \
+                 derived values)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Scan rows; `differs(row, cache, sample)` returns (table value, cache value)
+/// when they differ. Returns (first row, count, table value, cache value).
+fn first_mismatch<'a>(
+    rows: impl Iterator<Item = (&'a u32, &'a u64)>,
+    differs: impl Fn(usize, usize, usize) -> Option<(String, String)>,
+) -> Option<(u64, u64, String, String)> {
+    let mut first = None;
+    let mut count = 0u64;
+    for (row, (&ci, &sid)) in rows.enumerate() {
+        if let Some((got, want)) = differs(row, ci as usize, sid as usize) {
+            count += 1;
+            first.get_or_insert((row as u64, got, want));
+        }
+    }
+    first.map(|(row, got, want)| (row, count, got, want))
+}
+
+fn weight_column(table: &RecordBatch) -> Result<Vec<f64>> {
+    let column = table
+        .column_by_name("weight")
+        .ok_or_else(|| Error::population("missing column 'weight'"))?;
+    let numeric = column.data_type().is_numeric() && !matches!(column.data_type(), DataType::Decimal128(..) | DataType::Decimal256(..));
+    if !numeric {
+        return Err(Error::InvalidPopulation {
+            column: Some("weight".into()),
+            first_row: None,
+            count: None,
+            message: format!(
+                "column 'weight' is {}; it must be numeric (Float64), finite and > 0",
+                column.data_type()
+            ),
+        });
+    }
+    reject_nulls("weight", column, "is null; weights must be finite and > 0")?;
+    let as_f64 = arrow_cast::cast(column, &DataType::Float64)?;
+    let values = as_f64.as_primitive::<Float64Type>().values();
+    let mut bad = 0u64;
+    let mut first: Option<(usize, f64)> = None;
+    for (row, &w) in values.iter().enumerate() {
+        if !(w.is_finite() && w > 0.0) {
+            bad += 1;
+            first.get_or_insert((row, w));
+        }
+    }
+    if let Some((row, w)) = first {
+        let kind = if w.is_nan() {
+            "NaN".to_string()
+        } else if w.is_infinite() {
+            format!("{w}")
+        } else if w == 0.0 {
+            "zero".to_string()
+        } else {
+            format!("negative ({w})")
+        };
+        return Err(Error::population_rows(
+            "weight",
+            row as u64,
+            bad,
+            &format!("weight is {kind}; weights must be finite and > 0"),
+        ));
+    }
+    Ok(values.to_vec())
+}

@@ -1,0 +1,98 @@
+//! Arrow across the boundary through the C stream interface (PyCapsules):
+//! zero-copy, streaming, and understood by pyarrow, Polars and any other
+//! `__arrow_c_stream__` producer or consumer.
+
+use std::ffi::CStr;
+
+use arrow_array::ffi_stream::{RecordBatchStreamReader, FFI_ArrowArrayStream};
+use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
+use arrow_schema::SchemaRef;
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+
+use super::errors::to_pyerr;
+use crate::error::Error;
+
+const STREAM_CAPSULE: &CStr = c"arrow_array_stream";
+
+/// Wrap a reader in an `arrow_array_stream` capsule.
+pub fn export_stream<'py>(
+    py: Python<'py>,
+    reader: Box<dyn RecordBatchReader + Send>,
+) -> PyResult<Bound<'py, PyCapsule>> {
+    PyCapsule::new_with_value(py, FFI_ArrowArrayStream::new(reader), STREAM_CAPSULE)
+}
+
+/// Read every batch of any object exporting `__arrow_c_stream__`.
+pub fn import_table(obj: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBatch>)> {
+    let type_name = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
+    if !obj.hasattr("__arrow_c_stream__")? {
+        return Err(to_pyerr(Error::population(format!(
+            "expected a table that exports the Arrow C stream interface (a polars.DataFrame, \
+             a pyarrow.Table or RecordBatchReader), got {type_name}"
+        ))));
+    }
+    let capsule = obj.call_method0("__arrow_c_stream__")?;
+    let capsule = capsule.cast_into::<PyCapsule>().map_err(|_| {
+        to_pyerr(Error::population(format!(
+            "{type_name}.__arrow_c_stream__() did not return a PyCapsule"
+        )))
+    })?;
+    let pointer = capsule.pointer_checked(Some(STREAM_CAPSULE))?;
+    // SAFETY: the capsule is named "arrow_array_stream", so by the Arrow PyCapsule
+    // interface it holds an ArrowArrayStream; `from_raw` moves it out and marks the
+    // capsule's copy released, so the producer's destructor will not free it twice.
+    let reader = unsafe {
+        RecordBatchStreamReader::from_raw(pointer.as_ptr().cast::<FFI_ArrowArrayStream>())
+    }
+    .map_err(|e| to_pyerr(Error::population(format!("cannot read the Arrow stream: {e}"))))?;
+    let schema = reader.schema();
+    let batches = reader
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| to_pyerr(Error::population(format!("cannot read the Arrow stream: {e}"))))?;
+    Ok((schema, batches))
+}
+
+/// A table held by Rust, exported as a fresh C stream on every request.
+#[pyclass(frozen, module = "dataset_rt._native")]
+pub struct ArrowTable {
+    batch: RecordBatch,
+}
+
+impl ArrowTable {
+    pub fn new(batch: RecordBatch) -> Self {
+        ArrowTable { batch }
+    }
+}
+
+#[pymethods]
+impl ArrowTable {
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema; // the table is exported in its own schema
+        let batch = self.batch.clone();
+        let reader = RecordBatchIterator::new(vec![Ok(batch)], self.batch.schema());
+        export_stream(py, Box::new(reader))
+    }
+
+    #[getter]
+    fn num_rows(&self) -> usize {
+        self.batch.num_rows()
+    }
+
+    fn __len__(&self) -> usize {
+        self.batch.num_rows()
+    }
+}
+
+pub fn concat(schema: &SchemaRef, batches: &[RecordBatch]) -> PyResult<RecordBatch> {
+    arrow_select::concat::concat_batches(schema, batches).map_err(|e| to_pyerr(Error::from(e)))
+}

@@ -1,0 +1,390 @@
+//! Reading a published cache: checked at open, every record checksummed on read.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{Array, RecordBatch};
+use arrow_ipc::reader::FileReader;
+use memmap2::Mmap;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::codec::decode_into;
+use super::index::{IndexEntry, INDEX_ENTRY_BYTES};
+use super::manifest::{FileEntry, Manifest};
+use super::schema::ColumnSpec;
+use super::{hex64, INDEX_FILE, METADATA_FILE};
+use crate::error::{Error, IoContext, Result};
+
+/// One open cache. Payload shards are memory-mapped; the index and metadata are
+/// loaded (and their checksums verified) when the cache is opened.
+pub struct Cache {
+    dir: PathBuf,
+    manifest: Manifest,
+    index: Vec<IndexEntry>,
+    /// `sample_id` plus the stored metadata columns, one row per record.
+    metadata: RecordBatch,
+    shards: Vec<Option<Mmap>>,
+    shard_paths: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub files: u64,
+    pub bytes: u64,
+    pub records: u64,
+}
+
+impl Cache {
+    /// Open `dir`, checking its structure and the small files' checksums. With
+    /// `verify_shards`, every shard's full checksum is verified too.
+    pub fn open(dir: &Path, verify_shards: bool) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(Error::corrupt(
+                dir,
+                "not a directory: expected a cache directory written by dataset_rt",
+            ));
+        }
+        let manifest = Manifest::read(dir)?;
+        let index_bytes = read_checked(dir, &manifest.index, INDEX_FILE)?;
+        let index_path = dir.join(INDEX_FILE);
+        let expected = manifest.record_count as usize * INDEX_ENTRY_BYTES;
+        if index_bytes.len() != expected {
+            return Err(Error::corrupt(
+                &index_path,
+                format!(
+                    "{} bytes, expected {expected} for {} records",
+                    index_bytes.len(),
+                    manifest.record_count
+                ),
+            ));
+        }
+        let index = index_bytes
+            .chunks_exact(INDEX_ENTRY_BYTES)
+            .enumerate()
+            .map(|(i, chunk)| {
+                IndexEntry::decode(chunk)
+                    .map_err(|e| Error::corrupt(&index_path, format!("entry {i}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let metadata = read_metadata(dir, &manifest)?;
+        let mut shards = Vec::with_capacity(manifest.shards.len());
+        let mut shard_paths = Vec::with_capacity(manifest.shards.len());
+        for entry in &manifest.shards {
+            let path = dir.join(&entry.file);
+            let file = File::open(&path).map_err(|e| {
+                Error::corrupt(&path, format!("cannot open shard listed in the manifest: {e}"))
+            })?;
+            let len = file.metadata().at("cannot stat", &path)?.len();
+            if len != entry.bytes {
+                return Err(Error::corrupt(
+                    &path,
+                    format!("{len} bytes, the manifest says {}", entry.bytes),
+                ));
+            }
+            // SAFETY: cache files are immutable once published; nothing in this
+            // crate writes to a published file.
+            let map = if len == 0 {
+                None
+            } else {
+                Some(unsafe { Mmap::map(&file) }.at("cannot memory-map", &path)?)
+            };
+            if verify_shards {
+                let digest = hex64(xxh3_64(map.as_deref().unwrap_or(&[])));
+                check_digest(&path, &entry.xxh3, &digest)?;
+            }
+            shards.push(map);
+            shard_paths.push(path);
+        }
+        check_index_bounds(&index_path, &index, &manifest.shards)?;
+        Ok(Cache {
+            dir: dir.to_path_buf(),
+            manifest,
+            index,
+            metadata,
+            shards,
+            shard_paths,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn cache_id(&self) -> u64 {
+        self.manifest.cache_id
+    }
+
+    pub fn len(&self) -> u64 {
+        self.manifest.record_count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.manifest.record_count == 0
+    }
+
+    pub fn columns(&self) -> &[ColumnSpec] {
+        &self.manifest.columns
+    }
+
+    /// `sample_id` followed by the stored columns.
+    pub fn metadata(&self) -> &RecordBatch {
+        &self.metadata
+    }
+
+    pub fn raw_len(&self, sample_id: u64) -> u64 {
+        self.index
+            .get(sample_id as usize)
+            .map(|e| e.raw_len)
+            .unwrap_or(0)
+    }
+
+    /// Append record `sample_id`'s payload to `out`, verifying its checksum.
+    pub fn read_into(&self, sample_id: u64, out: &mut Vec<u8>) -> Result<()> {
+        let entry = self.index.get(sample_id as usize).ok_or_else(|| {
+            Error::invalid(format!(
+                "sample_id {sample_id} is out of range for cache {} ({} records)",
+                self.manifest.cache_id, self.manifest.record_count
+            ))
+        })?;
+        let stored = self.stored_bytes(entry);
+        let computed = xxh3_64(stored);
+        if computed != entry.checksum {
+            return Err(Error::corrupt(
+                &self.shard_paths[entry.shard as usize],
+                format!(
+                    "record {sample_id} fails its checksum (index says {}, data hashes to {}); \
+                     the cache is damaged: delete {} and write it again",
+                    hex64(entry.checksum),
+                    hex64(computed),
+                    self.dir.display()
+                ),
+            ));
+        }
+        let start = out.len();
+        out.resize(start + entry.raw_len as usize, 0);
+        decode_into(entry.codec, stored, &mut out[start..]).map_err(|detail| {
+            out.truncate(start);
+            Error::corrupt(
+                &self.shard_paths[entry.shard as usize],
+                format!("record {sample_id}: {detail}"),
+            )
+        })
+    }
+
+    pub fn read(&self, sample_id: u64) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.raw_len(sample_id) as usize);
+        self.read_into(sample_id, &mut out)?;
+        Ok(out)
+    }
+
+    fn stored_bytes(&self, entry: &IndexEntry) -> &[u8] {
+        match self.shards.get(entry.shard as usize) {
+            Some(Some(map)) => &map[entry.offset as usize..(entry.offset + entry.stored_len) as usize],
+            _ => &[],
+        }
+    }
+
+    /// Verify every file's full checksum and every record's checksum.
+    pub fn verify(&self) -> Result<VerifyReport> {
+        let mut bytes = self.manifest.index.bytes + self.manifest.metadata.bytes;
+        for (i, entry) in self.manifest.shards.iter().enumerate() {
+            let data = self.shards[i].as_deref().unwrap_or(&[]);
+            check_digest(&self.shard_paths[i], &entry.xxh3, &hex64(xxh3_64(data)))?;
+            bytes += entry.bytes;
+        }
+        let mut scratch = Vec::new();
+        for sample_id in 0..self.len() {
+            scratch.clear();
+            self.read_into(sample_id, &mut scratch)?;
+        }
+        Ok(VerifyReport {
+            files: 3 + self.manifest.shards.len() as u64,
+            bytes,
+            records: self.len(),
+        })
+    }
+}
+
+fn read_checked(dir: &Path, entry: &FileEntry, expected_name: &str) -> Result<Vec<u8>> {
+    let path = dir.join(expected_name);
+    if entry.file != expected_name {
+        return Err(Error::corrupt(
+            dir.join(super::MANIFEST_FILE),
+            format!("lists '{}' where '{expected_name}' belongs", entry.file),
+        ));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| {
+        Error::corrupt(&path, format!("cannot read a file listed in the manifest: {e}"))
+    })?;
+    if bytes.len() as u64 != entry.bytes {
+        return Err(Error::corrupt(
+            &path,
+            format!("{} bytes, the manifest says {}", bytes.len(), entry.bytes),
+        ));
+    }
+    check_digest(&path, &entry.xxh3, &hex64(xxh3_64(&bytes)))?;
+    Ok(bytes)
+}
+
+fn check_digest(path: &Path, recorded: &str, computed: &str) -> Result<()> {
+    if recorded != computed {
+        return Err(Error::corrupt(
+            path,
+            format!(
+                "checksum mismatch (manifest {recorded}, file {computed}): the file was \
+                 modified or damaged; delete the cache directory and write it again"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn read_metadata(dir: &Path, manifest: &Manifest) -> Result<RecordBatch> {
+    let path = dir.join(METADATA_FILE);
+    let bytes = read_checked(dir, &manifest.metadata, METADATA_FILE)?;
+    let corrupt = |detail: String| Error::corrupt(&path, detail);
+    let reader = FileReader::try_new(std::io::Cursor::new(bytes), None)
+        .map_err(|e| corrupt(format!("not a valid Arrow IPC file: {e}")))?;
+    let schema = reader.schema();
+    let batches = reader
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| corrupt(format!("not a valid Arrow IPC file: {e}")))?;
+    let batch = arrow_select::concat::concat_batches(&schema, &batches)?;
+    let fields = schema.fields();
+    let expected_names: Vec<&str> = std::iter::once("sample_id")
+        .chain(manifest.columns.iter().map(|c| c.name.as_str()))
+        .collect();
+    let names: Vec<&str> = fields.iter().map(|f| f.name().as_str()).collect();
+    if names != expected_names {
+        return Err(corrupt(format!(
+            "columns {names:?} differ from the manifest's {expected_names:?}"
+        )));
+    }
+    for (field, spec) in fields.iter().skip(1).zip(&manifest.columns) {
+        if field.data_type() != &spec.dtype.arrow() {
+            return Err(corrupt(format!(
+                "column '{}' is {}, the manifest says {}",
+                spec.name,
+                field.data_type(),
+                spec.dtype.arrow()
+            )));
+        }
+    }
+    if batch.num_rows() as u64 != manifest.record_count {
+        return Err(corrupt(format!(
+            "{} rows, the manifest says {} records",
+            batch.num_rows(),
+            manifest.record_count
+        )));
+    }
+    if batch.columns().iter().any(|c| c.null_count() > 0) {
+        return Err(corrupt("contains nulls; stored metadata is never null".into()));
+    }
+    Ok(batch)
+}
+
+fn check_index_bounds(path: &Path, index: &[IndexEntry], shards: &[FileEntry]) -> Result<()> {
+    for (i, e) in index.iter().enumerate() {
+        let Some(shard) = shards.get(e.shard as usize) else {
+            return Err(Error::corrupt(
+                path,
+                format!("entry {i} names shard {} of {}", e.shard, shards.len()),
+            ));
+        };
+        let end = e.offset.checked_add(e.stored_len);
+        if end.is_none_or(|end| end > shard.bytes) {
+            return Err(Error::corrupt(
+                path,
+                format!(
+                    "entry {i} spans bytes {}..+{} beyond shard {} ({} bytes)",
+                    e.offset, e.stored_len, shard.file, shard.bytes
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The caches of one dataset, addressable by position or by `cache_id`.
+pub struct CacheSet {
+    caches: Vec<Arc<Cache>>,
+    by_id: HashMap<u64, u32>,
+    columns: Vec<ColumnSpec>,
+}
+
+impl CacheSet {
+    pub fn open(dirs: &[PathBuf], verify_shards: bool) -> Result<Self> {
+        let caches = dirs
+            .iter()
+            .map(|d| Cache::open(d, verify_shards).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        Self::new(caches)
+    }
+
+    pub fn new(caches: Vec<Arc<Cache>>) -> Result<Self> {
+        let Some(first) = caches.first() else {
+            return Err(Error::invalid("a dataset needs at least one cache"));
+        };
+        let columns = first.columns().to_vec();
+        let mut by_id = HashMap::new();
+        for (i, cache) in caches.iter().enumerate() {
+            if cache.columns() != columns.as_slice() {
+                return Err(Error::Schema(format!(
+                    "caches {} and {} store different metadata columns ({} vs {}); \
+                     the caches of one dataset must share one schema",
+                    first.dir().display(),
+                    cache.dir().display(),
+                    describe(&columns),
+                    describe(cache.columns())
+                )));
+            }
+            if let Some(prev) = by_id.insert(cache.cache_id(), i as u32) {
+                return Err(Error::invalid(format!(
+                    "caches {} and {} have the same cache_id {} (the same cache given twice)",
+                    caches[prev as usize].dir().display(),
+                    cache.dir().display(),
+                    cache.cache_id()
+                )));
+            }
+        }
+        Ok(CacheSet {
+            caches,
+            by_id,
+            columns,
+        })
+    }
+
+    pub fn caches(&self) -> &[Arc<Cache>] {
+        &self.caches
+    }
+
+    pub fn get(&self, index: u32) -> &Cache {
+        &self.caches[index as usize]
+    }
+
+    pub fn index_of(&self, cache_id: u64) -> Option<u32> {
+        self.by_id.get(&cache_id).copied()
+    }
+
+    pub fn columns(&self) -> &[ColumnSpec] {
+        &self.columns
+    }
+
+    pub fn total_records(&self) -> u64 {
+        self.caches.iter().map(|c| c.len()).sum()
+    }
+}
+
+fn describe(columns: &[ColumnSpec]) -> String {
+    let parts: Vec<String> = columns
+        .iter()
+        .map(|c| format!("{}: {}", c.name, c.dtype.name()))
+        .collect();
+    format!("[{}]", parts.join(", "))
+}

@@ -1,0 +1,145 @@
+//! Per-record payload encoding: optional compression plus a cheap checksum.
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Codec {
+    None,
+    Lz4,
+    Zstd,
+}
+
+impl Codec {
+    pub fn tag(self) -> u8 {
+        match self {
+            Codec::None => 0,
+            Codec::Lz4 => 1,
+            Codec::Zstd => 2,
+        }
+    }
+
+    pub fn from_tag(tag: u8) -> Option<Self> {
+        match tag {
+            0 => Some(Codec::None),
+            1 => Some(Codec::Lz4),
+            2 => Some(Codec::Zstd),
+            _ => None,
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "none" => Ok(Codec::None),
+            "lz4" => Ok(Codec::Lz4),
+            "zstd" => Ok(Codec::Zstd),
+            other => Err(Error::invalid(format!(
+                "compression must be 'none', 'lz4' or 'zstd', got '{other}'"
+            ))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compression {
+    pub codec: Codec,
+    pub level: i32,
+}
+
+impl Default for Compression {
+    fn default() -> Self {
+        Compression {
+            codec: Codec::None,
+            level: 3,
+        }
+    }
+}
+
+/// A record ready to be appended to a shard.
+#[derive(Debug)]
+pub struct EncodedRecord {
+    pub stored: Vec<u8>,
+    pub codec: Codec,
+    pub raw_len: u64,
+    /// xxh3-64 of `stored`, verified on every read.
+    pub checksum: u64,
+    /// xxh3-64 of the raw payload, part of the cache's identity.
+    pub raw_hash: u64,
+}
+
+impl EncodedRecord {
+    pub fn encode(raw: Vec<u8>, compression: Compression) -> Result<Self> {
+        let raw_hash = xxh3_64(&raw);
+        let raw_len = raw.len() as u64;
+        let (stored, codec) = match compression.codec {
+            Codec::None => (raw, Codec::None),
+            Codec::Lz4 => (lz4_flex::block::compress(&raw), Codec::Lz4),
+            Codec::Zstd => (
+                zstd::bulk::compress(&raw, compression.level)
+                    .map_err(|e| Error::invalid(format!("zstd compression failed: {e}")))?,
+                Codec::Zstd,
+            ),
+        };
+        let checksum = if codec == Codec::None {
+            raw_hash
+        } else {
+            xxh3_64(&stored)
+        };
+        Ok(EncodedRecord {
+            stored,
+            codec,
+            raw_len,
+            checksum,
+            raw_hash,
+        })
+    }
+}
+
+/// Decode `stored` into `out`, which must be exactly `raw_len` bytes long.
+/// Returns a description of the problem on failure (the caller names the file).
+pub fn decode_into(codec: Codec, stored: &[u8], out: &mut [u8]) -> std::result::Result<(), String> {
+    match codec {
+        Codec::None => {
+            if stored.len() != out.len() {
+                return Err(format!(
+                    "stored length {} differs from raw length {}",
+                    stored.len(),
+                    out.len()
+                ));
+            }
+            out.copy_from_slice(stored);
+            Ok(())
+        }
+        Codec::Lz4 => match lz4_flex::block::decompress_into(stored, out) {
+            Ok(n) if n == out.len() => Ok(()),
+            Ok(n) => Err(format!("lz4 produced {n} bytes, expected {}", out.len())),
+            Err(e) => Err(format!("lz4 decompression failed: {e}")),
+        },
+        Codec::Zstd => match zstd::bulk::decompress_to_buffer(stored, out) {
+            Ok(n) if n == out.len() => Ok(()),
+            Ok(n) => Err(format!("zstd produced {n} bytes, expected {}", out.len())),
+            Err(e) => Err(format!("zstd decompression failed: {e}")),
+        },
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_every_codec() {
+        let raw: Vec<u8> = (0..10_000u32).map(|i| (i % 7) as u8).collect();
+        for codec in [Codec::None, Codec::Lz4, Codec::Zstd] {
+            let rec = EncodedRecord::encode(raw.clone(), Compression { codec, level: 3 }).unwrap();
+            assert_eq!(rec.checksum, xxh3_64(&rec.stored));
+            let mut out = vec![0u8; rec.raw_len as usize];
+            decode_into(rec.codec, &rec.stored, &mut out).unwrap();
+            assert_eq!(out, raw);
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! Immutable caches: one directory per source, published by rename when complete.
+//!
+//! ```text
+//! <base>/<name>/manifest.json    format version, identity, schema, file checksums
+//! <base>/<name>/index.bin        one 40-byte entry per record (see index.rs)
+//! <base>/<name>/metadata.arrow   Arrow IPC file: sample_id + stored metadata columns
+//! <base>/<name>/shard-00000.bin  concatenated (optionally compressed) payload records
+//! ```
+//! `docs/storage-format.md` is the normative description.
+
+mod cache;
+mod codec;
+mod index;
+mod manifest;
+mod publish;
+mod schema;
+mod writer;
+
+pub use cache::{Cache, CacheSet, VerifyReport};
+pub use codec::{Codec, Compression, EncodedRecord};
+pub use index::{IndexEntry, INDEX_ENTRY_BYTES};
+pub use manifest::{FileEntry, Manifest, FORMAT_VERSION};
+pub use publish::validate_source_name;
+pub use schema::{ColumnSpec, MetaType, MetaValue, SchemaBinder};
+pub use writer::{CacheWriter, WriterOptions};
+
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const INDEX_FILE: &str = "index.bin";
+pub const METADATA_FILE: &str = "metadata.arrow";
+
+pub fn shard_file_name(shard: u32) -> String {
+    format!("shard-{shard:05}.bin")
+}
+
+/// Hex of an xxh3-64 digest as it appears in the manifest.
+pub fn hex64(value: u64) -> String {
+    format!("{value:016x}")
+}

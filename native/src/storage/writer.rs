@@ -1,0 +1,271 @@
+//! `CacheWriter`: appends encoded records in order, rotates shards, and publishes
+//! the finished cache atomically. Dropping an unfinished writer removes its
+//! temporary directory.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
+use arrow_ipc::writer::FileWriter;
+use arrow_schema::{Field, Schema};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use super::codec::{Compression, EncodedRecord};
+use super::index::IndexEntry;
+use super::manifest::{FileEntry, Manifest};
+use super::publish::{create_partial_dir, fsync_file, publish, validate_source_name};
+use super::schema::{ColumnBuilders, ColumnSpec, MetaValue};
+use super::{hex64, shard_file_name, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
+use crate::error::{Error, IoContext, Result};
+
+#[derive(Debug, Clone, Copy)]
+pub struct WriterOptions {
+    pub max_shard_bytes: u64,
+    pub compression: Compression,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            max_shard_bytes: 64 << 20,
+            compression: Compression::default(),
+        }
+    }
+}
+
+struct OpenShard {
+    path: PathBuf,
+    out: BufWriter<File>,
+    bytes: u64,
+    records: u64,
+    hasher: Xxh3,
+}
+
+pub struct CacheWriter {
+    name: String,
+    target: PathBuf,
+    partial: PathBuf,
+    options: WriterOptions,
+    columns: Vec<ColumnSpec>,
+    builders: ColumnBuilders,
+    shard: Option<OpenShard>,
+    shards: Vec<FileEntry>,
+    index: Vec<u8>,
+    identity: Xxh3,
+    records: u64,
+    payload_bytes: u64,
+    stored_bytes: u64,
+    finished: bool,
+}
+
+impl CacheWriter {
+    /// Start writing `base/name`. Fails if the cache already exists.
+    pub fn create(
+        base: &Path,
+        name: &str,
+        columns: Vec<ColumnSpec>,
+        options: WriterOptions,
+    ) -> Result<Self> {
+        validate_source_name(name)?;
+        if options.max_shard_bytes == 0 {
+            return Err(Error::invalid("max_shard_bytes must be >= 1"));
+        }
+        let target = base.join(name);
+        if target.exists() {
+            return Err(Error::invalid(format!(
+                "{} already exists; caches are immutable: remove it to write it again",
+                target.display()
+            )));
+        }
+        let partial = create_partial_dir(base, name)?;
+        let mut identity = Xxh3::new();
+        identity.update(b"dataset_rt.cache.v1\0");
+        identity.update(name.as_bytes());
+        identity.update(&[0]);
+        for column in &columns {
+            identity.update(column.name.as_bytes());
+            identity.update(&[0, column.dtype as u8]);
+        }
+        Ok(CacheWriter {
+            name: name.to_string(),
+            target,
+            partial,
+            options,
+            builders: ColumnBuilders::new(&columns),
+            columns,
+            shard: None,
+            shards: Vec::new(),
+            index: Vec::new(),
+            identity,
+            records: 0,
+            payload_bytes: 0,
+            stored_bytes: 0,
+            finished: false,
+        })
+    }
+
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    pub fn payload_bytes(&self) -> u64 {
+        self.payload_bytes
+    }
+
+    /// Append the next record (records are numbered in append order).
+    pub fn append(&mut self, record: &EncodedRecord, metadata: &[MetaValue]) -> Result<()> {
+        if metadata.len() != self.columns.len() {
+            return Err(Error::Schema(format!(
+                "record {} has {} metadata values, the schema has {} columns",
+                self.records,
+                metadata.len(),
+                self.columns.len()
+            )));
+        }
+        let needs_new_shard = match &self.shard {
+            None => true,
+            Some(s) => {
+                s.bytes > 0 && s.bytes + record.stored.len() as u64 > self.options.max_shard_bytes
+            }
+        };
+        if needs_new_shard {
+            self.close_shard()?;
+            let path = self.partial.join(shard_file_name(self.shards.len() as u32));
+            let file = File::create(&path).at("cannot create", &path)?;
+            self.shard = Some(OpenShard {
+                path,
+                out: BufWriter::with_capacity(1 << 20, file),
+                bytes: 0,
+                records: 0,
+                hasher: Xxh3::new(),
+            });
+        }
+        let shard_number = self.shards.len() as u32;
+        let Some(shard) = self.shard.as_mut() else {
+            return Err(Error::invalid("no open shard"));
+        };
+        shard
+            .out
+            .write_all(&record.stored)
+            .at("cannot write", &shard.path)?;
+        shard.hasher.update(&record.stored);
+        IndexEntry {
+            shard: shard_number,
+            codec: record.codec,
+            offset: shard.bytes,
+            stored_len: record.stored.len() as u64,
+            raw_len: record.raw_len,
+            checksum: record.checksum,
+        }
+        .encode(&mut self.index);
+        shard.bytes += record.stored.len() as u64;
+        shard.records += 1;
+        self.builders.push(metadata)?;
+        self.identity.update(&record.raw_len.to_le_bytes());
+        self.identity.update(&record.raw_hash.to_le_bytes());
+        for value in metadata {
+            value.hash_into(&mut self.identity);
+        }
+        self.records += 1;
+        self.payload_bytes += record.raw_len;
+        self.stored_bytes += record.stored.len() as u64;
+        Ok(())
+    }
+
+    fn close_shard(&mut self) -> Result<()> {
+        if let Some(mut shard) = self.shard.take() {
+            shard.out.flush().at("cannot write", &shard.path)?;
+            let file = shard
+                .out
+                .into_inner()
+                .map_err(|e| Error::io("cannot write", &shard.path, e.into_error()))?;
+            file.sync_all().at("cannot fsync", &shard.path)?;
+            self.shards.push(FileEntry {
+                file: file_name(&shard.path),
+                bytes: shard.bytes,
+                xxh3: hex64(shard.hasher.digest()),
+                records: Some(shard.records),
+            });
+        }
+        Ok(())
+    }
+
+    /// Write the index, metadata and manifest, then publish. Returns the path.
+    pub fn finish(mut self) -> Result<(PathBuf, Manifest)> {
+        if self.records == 0 {
+            return Err(Error::Source(format!(
+                "source '{}' yielded no records; a cache needs at least one",
+                self.name
+            )));
+        }
+        self.close_shard()?;
+        let index = self.write_file(INDEX_FILE, &self.index.clone())?;
+        let metadata_bytes = self.metadata_ipc()?;
+        let metadata = self.write_file(METADATA_FILE, &metadata_bytes)?;
+        let manifest = Manifest {
+            source_name: self.name.clone(),
+            cache_id: self.identity.digest(),
+            record_count: self.records,
+            columns: self.columns.clone(),
+            compression: self.options.compression,
+            payload_bytes: self.payload_bytes,
+            stored_bytes: self.stored_bytes,
+            index,
+            metadata,
+            shards: std::mem::take(&mut self.shards),
+            writer: format!("dataset_rt {}", env!("CARGO_PKG_VERSION")),
+        };
+        self.write_file(MANIFEST_FILE, &manifest.to_bytes()?)?;
+        publish(&self.partial, &self.target)?;
+        self.finished = true;
+        Ok((self.target.clone(), manifest))
+    }
+
+    fn write_file(&self, name: &str, bytes: &[u8]) -> Result<FileEntry> {
+        let path = self.partial.join(name);
+        fs::write(&path, bytes).at("cannot write", &path)?;
+        fsync_file(&path)?;
+        Ok(FileEntry {
+            file: name.to_string(),
+            bytes: bytes.len() as u64,
+            xxh3: hex64(xxh3_64(bytes)),
+            records: None,
+        })
+    }
+
+    fn metadata_ipc(&mut self) -> Result<Vec<u8>> {
+        let builders = std::mem::replace(&mut self.builders, ColumnBuilders::new(&[]));
+        let mut fields = vec![Field::new("sample_id", arrow_schema::DataType::UInt64, false)];
+        fields.extend(
+            self.columns
+                .iter()
+                .map(|c| Field::new(&c.name, c.dtype.arrow(), false)),
+        );
+        let schema = Arc::new(Schema::new(fields));
+        let mut arrays: Vec<ArrayRef> = vec![Arc::new(UInt64Array::from_iter_values(0..self.records))];
+        arrays.extend(builders.finish());
+        let batch = RecordBatch::try_new(schema.clone(), arrays)?;
+        let mut bytes = Vec::new();
+        let mut writer = FileWriter::try_new(&mut bytes, &schema)?;
+        writer.write(&batch)?;
+        writer.finish()?;
+        drop(writer);
+        Ok(bytes)
+    }
+}
+
+impl Drop for CacheWriter {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = fs::remove_dir_all(&self.partial);
+        }
+    }
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,122 @@
+//! Batch assembly: planning which positions go in a batch (on the consumer's
+//! thread, cheap) and building the Arrow record batch (on a worker thread).
+
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, LargeBinaryArray, RecordBatch, UInt32Array, UInt64Array};
+use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use crate::error::{Error, Result};
+use crate::population::Population;
+use crate::sampling::{StreamOrder, StreamWindow};
+use crate::storage::CacheSet;
+
+/// Columns every stream batch starts with.
+pub const BASE_COLUMNS: [&str; 4] = ["position", "cache_id", "sample_id", "payload"];
+
+/// Everything a worker needs to build any batch of one stream.
+pub struct BatchContext {
+    pub caches: Arc<CacheSet>,
+    pub population: Arc<Population>,
+    pub order: StreamOrder,
+    pub window: StreamWindow,
+    /// Extra columns, taken from the population by row.
+    pub columns: Vec<(Field, ArrayRef)>,
+    pub schema: SchemaRef,
+}
+
+impl BatchContext {
+    pub fn new(
+        caches: Arc<CacheSet>,
+        population: Arc<Population>,
+        order: StreamOrder,
+        window: StreamWindow,
+        column_names: &[String],
+    ) -> Result<Self> {
+        let mut fields = vec![
+            Field::new("position", DataType::UInt64, false),
+            Field::new("cache_id", DataType::UInt64, false),
+            Field::new("sample_id", DataType::UInt64, false),
+            Field::new("payload", DataType::LargeBinary, false),
+        ];
+        let mut columns = Vec::with_capacity(column_names.len());
+        for name in column_names {
+            if BASE_COLUMNS.contains(&name.as_str()) || columns.iter().any(|(f, _): &(Field, ArrayRef)| f.name() == name) {
+                return Err(Error::invalid(format!(
+                    "column '{name}' is requested twice or is always included ({})",
+                    BASE_COLUMNS.join(", ")
+                )));
+            }
+            let (field, array) = population.column(name).ok_or_else(|| {
+                Error::invalid(format!(
+                    "unknown column '{name}'; the population's columns are [{}]",
+                    population.column_names().join(", ")
+                ))
+            })?;
+            fields.push(field.clone());
+            columns.push((field, array));
+        }
+        Ok(BatchContext {
+            caches,
+            population,
+            order,
+            window,
+            columns,
+            schema: Arc::new(Schema::new(fields)),
+        })
+    }
+
+    /// The population row drawn at window index `i`.
+    #[inline]
+    pub fn row_at(&self, i: u64) -> usize {
+        self.order
+            .row_at(self.population.alias(), self.window.position(i))
+    }
+
+    /// Raw payload length of population row `row`.
+    #[inline]
+    pub fn payload_len(&self, row: usize) -> u64 {
+        let (ci, sid) = self.population.record(row);
+        self.caches.get(ci).raw_len(sid)
+    }
+
+    /// Build the batch of window indices `first..first + rows.len()`.
+    pub fn build(&self, first: u64, rows: &[u32]) -> Result<RecordBatch> {
+        let n = rows.len();
+        let positions =
+            UInt64Array::from_iter_values((0..n as u64).map(|i| self.window.position(first + i)));
+        let mut cache_ids = Vec::with_capacity(n);
+        let mut sample_ids = Vec::with_capacity(n);
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0i64);
+        let total: u64 = rows.iter().map(|&r| self.payload_len(r as usize)).sum();
+        let mut values = Vec::with_capacity(total as usize);
+        for &row in rows {
+            let (ci, sid) = self.population.record(row as usize);
+            let cache = self.caches.get(ci);
+            cache.read_into(sid, &mut values)?;
+            cache_ids.push(cache.cache_id());
+            sample_ids.push(sid);
+            offsets.push(values.len() as i64);
+        }
+        let payload = LargeBinaryArray::new(
+            OffsetBuffer::new(ScalarBuffer::from(offsets)),
+            Buffer::from_vec(values),
+            None,
+        );
+        let mut arrays: Vec<ArrayRef> = vec![
+            Arc::new(positions),
+            Arc::new(UInt64Array::from(cache_ids)),
+            Arc::new(UInt64Array::from(sample_ids)),
+            Arc::new(payload),
+        ];
+        if !self.columns.is_empty() {
+            let indices = UInt32Array::from(rows.to_vec());
+            for (_, array) in &self.columns {
+                arrays.push(arrow_select::take::take(array.as_ref(), &indices, None)?);
+            }
+        }
+        Ok(RecordBatch::try_new(self.schema.clone(), arrays)?)
+    }
+}

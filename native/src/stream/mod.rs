@@ -1,0 +1,211 @@
+//! Epoch streams: a window of positions read as Arrow record batches by the
+//! runtime's worker threads.
+//!
+//! The consumer's thread plans batches (which rows, where the batch ends) and
+//! submits them to the `WorkerPool`; workers read, verify and decode payloads and
+//! build the batches; a reorder buffer hands them back in position order. At
+//! most `prefetch_rows` rows (and at least one batch) are in flight, so memory
+//! depends on the prefetch settings, never on the epoch length, and a slow
+//! consumer stops the workers (backpressure).
+
+mod batch;
+mod pool;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use arrow_array::{RecordBatch, RecordBatchReader};
+use arrow_schema::{ArrowError, SchemaRef};
+use crossbeam_channel::{unbounded, Receiver, Sender};
+
+pub use batch::{BatchContext, BASE_COLUMNS};
+pub use pool::WorkerPool;
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy)]
+pub struct StreamOptions {
+    /// Most rows in one batch.
+    pub batch_rows: usize,
+    /// A batch closes before it would pass this many payload bytes (a single
+    /// larger record still gets a batch of its own).
+    pub max_batch_bytes: u64,
+    /// Rows decoded ahead of the consumer.
+    pub prefetch_rows: usize,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            batch_rows: 1024,
+            max_batch_bytes: 4 << 20,
+            prefetch_rows: 64,
+        }
+    }
+}
+
+impl StreamOptions {
+    pub fn validate(&self) -> Result<()> {
+        if self.batch_rows == 0 || self.max_batch_bytes == 0 || self.prefetch_rows == 0 {
+            return Err(Error::invalid(
+                "batch_size, max_batch_bytes and prefetch_size must all be >= 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+type Slot = (u64, Result<RecordBatch>);
+
+pub struct EpochStream {
+    ctx: Arc<BatchContext>,
+    pool: Arc<WorkerPool>,
+    options: StreamOptions,
+    /// Next window index to plan.
+    planned: u64,
+    next_submit: u64,
+    next_emit: u64,
+    /// Rows of each in-flight batch, in sequence order.
+    in_flight: VecDeque<usize>,
+    in_flight_rows: usize,
+    pending: BTreeMap<u64, Result<RecordBatch>>,
+    sender: Sender<Slot>,
+    receiver: Receiver<Slot>,
+    cancelled: Arc<AtomicBool>,
+    finished: bool,
+}
+
+impl EpochStream {
+    pub fn new(ctx: BatchContext, pool: Arc<WorkerPool>, options: StreamOptions) -> Result<Self> {
+        options.validate()?;
+        let (sender, receiver) = unbounded();
+        Ok(EpochStream {
+            ctx: Arc::new(ctx),
+            pool,
+            options,
+            planned: 0,
+            next_submit: 0,
+            next_emit: 0,
+            in_flight: VecDeque::new(),
+            in_flight_rows: 0,
+            pending: BTreeMap::new(),
+            sender,
+            receiver,
+            cancelled: Arc::new(AtomicBool::new(false)),
+            finished: false,
+        })
+    }
+
+    pub fn schema(&self) -> SchemaRef {
+        self.ctx.schema.clone()
+    }
+
+    /// Samples not yet handed to the consumer.
+    pub fn remaining(&self) -> u64 {
+        let emitted_rows: u64 = self.planned - self.in_flight_rows as u64;
+        self.ctx.window.count - emitted_rows
+    }
+
+    /// The next batch in position order; blocks while workers build it.
+    pub fn next_batch(&mut self) -> Option<Result<RecordBatch>> {
+        if self.finished {
+            return None;
+        }
+        if let Err(e) = self.fill() {
+            self.finished = true;
+            return Some(Err(e));
+        }
+        if self.next_emit == self.next_submit {
+            self.finished = true;
+            return None;
+        }
+        loop {
+            if let Some(result) = self.pending.remove(&self.next_emit) {
+                self.next_emit += 1;
+                let rows = self.in_flight.pop_front().unwrap_or(0);
+                self.in_flight_rows -= rows;
+                if result.is_err() {
+                    self.finished = true;
+                    self.cancelled.store(true, Ordering::Relaxed);
+                    return Some(result);
+                }
+                if let Err(e) = self.fill() {
+                    self.finished = true;
+                    return Some(Err(e));
+                }
+                return Some(result);
+            }
+            match self.receiver.recv() {
+                Ok((seq, result)) => {
+                    self.pending.insert(seq, result);
+                }
+                Err(_) => {
+                    self.finished = true;
+                    return Some(Err(Error::invalid("the worker threads stopped")));
+                }
+            }
+        }
+    }
+
+    /// Plan and submit batches while the prefetch budget allows.
+    fn fill(&mut self) -> Result<()> {
+        let count = self.ctx.window.count;
+        while self.planned < count
+            && (self.in_flight_rows < self.options.prefetch_rows || self.in_flight.is_empty())
+        {
+            let first = self.planned;
+            let mut rows: Vec<u32> = Vec::new();
+            let mut bytes = 0u64;
+            while rows.len() < self.options.batch_rows && self.planned < count {
+                let row = self.ctx.row_at(self.planned);
+                let len = self.ctx.payload_len(row);
+                if !rows.is_empty() && bytes + len > self.options.max_batch_bytes {
+                    break;
+                }
+                rows.push(row as u32);
+                bytes += len;
+                self.planned += 1;
+            }
+            let seq = self.next_submit;
+            self.next_submit += 1;
+            self.in_flight.push_back(rows.len());
+            self.in_flight_rows += rows.len();
+            let ctx = self.ctx.clone();
+            let sender = self.sender.clone();
+            let cancelled = self.cancelled.clone();
+            self.pool.submit(Box::new(move || {
+                if cancelled.load(Ordering::Relaxed) {
+                    return;
+                }
+                let result = catch_unwind(AssertUnwindSafe(|| ctx.build(first, &rows)))
+                    .unwrap_or_else(|_| Err(Error::invalid("a worker thread panicked")));
+                let _ = sender.send((seq, result));
+            }))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for EpochStream {
+    fn drop(&mut self) {
+        // Queued jobs of an abandoned stream return without reading anything.
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Iterator for EpochStream {
+    type Item = std::result::Result<RecordBatch, ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch()
+            .map(|r| r.map_err(|e| ArrowError::ExternalError(Box::new(e))))
+    }
+}
+
+impl RecordBatchReader for EpochStream {
+    fn schema(&self) -> SchemaRef {
+        self.ctx.schema.clone()
+    }
+}

@@ -1,0 +1,98 @@
+//! `WorkerPool`: a fixed set of threads shared by every stream and writer of a
+//! runtime. Jobs are closures; results travel on the caller's own channels.
+//!
+//! Threads do not survive `fork` (PyTorch DataLoader workers fork). The pool
+//! records the process id that started its threads and, when used from another
+//! process, starts fresh threads there before accepting work.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+use std::thread;
+
+use crossbeam_channel::{unbounded, Sender};
+
+use crate::error::{Error, Result};
+
+pub type Job = Box<dyn FnOnce() + Send + 'static>;
+
+struct Threads {
+    pid: u32,
+    sender: Sender<Job>,
+}
+
+pub struct WorkerPool {
+    size: usize,
+    threads: Mutex<Threads>,
+}
+
+impl WorkerPool {
+    pub fn new(size: usize) -> Result<Self> {
+        if size == 0 {
+            return Err(Error::invalid("num_workers must be >= 1"));
+        }
+        Ok(WorkerPool {
+            size,
+            threads: Mutex::new(spawn_threads(size)?),
+        })
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Run `job` on a worker thread. A panic inside `job` is contained; the job's
+    /// result channel is dropped, which its receiver reports as an error.
+    pub fn submit(&self, job: Job) -> Result<()> {
+        let mut threads = self
+            .threads
+            .lock()
+            .map_err(|_| Error::invalid("the worker pool's lock is poisoned"))?;
+        if threads.pid != std::process::id() {
+            *threads = spawn_threads(self.size)?;
+        }
+        threads
+            .sender
+            .send(job)
+            .map_err(|_| Error::invalid("the worker pool has stopped"))
+    }
+}
+
+fn spawn_threads(size: usize) -> Result<Threads> {
+    let (sender, receiver) = unbounded::<Job>();
+    for i in 0..size {
+        let receiver = receiver.clone();
+        thread::Builder::new()
+            .name(format!("dataset-rt-worker-{i}"))
+            .spawn(move || {
+                while let Ok(job) = receiver.recv() {
+                    let _ = catch_unwind(AssertUnwindSafe(job));
+                }
+            })
+            .map_err(|e| Error::invalid(format!("cannot start worker thread: {e}")))?;
+    }
+    Ok(Threads {
+        pid: std::process::id(),
+        sender,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_jobs_and_survives_panics() {
+        let pool = WorkerPool::new(2).unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        pool.submit(Box::new(|| panic!("boom"))).unwrap();
+        for i in 0..10 {
+            let tx = tx.clone();
+            pool.submit(Box::new(move || tx.send(i).unwrap())).unwrap();
+        }
+        let mut got: Vec<i32> = (0..10).map(|_| rx.recv().unwrap()).collect();
+        got.sort();
+        assert_eq!(got, (0..10).collect::<Vec<_>>());
+        assert!(WorkerPool::new(0).is_err());
+    }
+}
