@@ -293,13 +293,17 @@ def ours_draws(dataset: Any, count: int, repeats: int) -> Measurement:
         weights = dataset.get_metadata()["weight"].to_arrow()
 
         def run_native() -> tuple[int, int]:
-            return len(draw_rows(weights, 0, 0, count)), 0
+            drawn = len(draw_rows(weights, 0, 0, count))
+            check(drawn == count, f"draw_rows returned {drawn} rows, expected {count}")
+            return drawn, 0
 
         return best_of(repeats, run_native, "_native.draw_rows(weights, seed=0, start=0, count)")
 
     def run_stream() -> tuple[int, int]:
         reader = dataset.stream(start=0, count=count, columns=[], batch_size=DRAW_BATCH_SIZE)
-        return consume_arrow(reader)
+        rows = sum(batch.num_rows for batch in reader)
+        check(rows == count, f"stream yielded {rows} rows, expected {count}")
+        return rows, 0
 
     note = (
         f"ds.stream(count, columns=[], batch_size={DRAW_BATCH_SIZE}): "

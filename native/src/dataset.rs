@@ -85,15 +85,17 @@ impl Dataset {
         Ok(())
     }
 
-    /// Take the next epoch: the current population and the next `epoch_len`
-    /// positions.
-    pub fn next_epoch(&self) -> Result<EpochSnapshot> {
+    /// Take the next epoch (the current population and the next `epoch_len`
+    /// positions) and open it with `open`. The position moves only when `open`
+    /// succeeds, so a rejected request costs nothing.
+    pub fn next_epoch_with<T>(&self, open: impl FnOnce(EpochSnapshot) -> Result<T>) -> Result<T> {
         let mut cursor = self.cursor()?;
         let window = StreamWindow::new(cursor.position, cursor.epoch_len, 1)?;
-        cursor.position += cursor.epoch_len;
-        Ok(EpochSnapshot {
+        let opened = open(EpochSnapshot {
             population: cursor.population.clone(),
             window,
-        })
+        })?;
+        cursor.position = cursor.position.saturating_add(cursor.epoch_len);
+        Ok(opened)
     }
 }

@@ -37,7 +37,15 @@ pub fn validate_table(caches: &CacheSet, table: &RecordBatch) -> Result<CheckedR
     let cache_index = resolve_caches(caches, &cache_ids)?;
     check_sample_ids(caches, &cache_index, &sample_ids)?;
     for (k, spec) in caches.columns().iter().enumerate() {
-        check_stored_column(caches, table, k, &spec.name, spec.dtype, &cache_index, &sample_ids)?;
+        check_stored_column(
+            caches,
+            table,
+            k,
+            &spec.name,
+            spec.dtype,
+            &cache_index,
+            &sample_ids,
+        )?;
     }
     let weights = weight_column(table)?;
     Ok(CheckedRows {
@@ -258,7 +266,10 @@ fn check_stored_column(
     let mismatch = match dtype {
         MetaType::Int64 => {
             let got = column.as_primitive::<Int64Type>();
-            let want: Vec<_> = stored.iter().map(|a| a.as_primitive::<Int64Type>()).collect();
+            let want: Vec<_> = stored
+                .iter()
+                .map(|a| a.as_primitive::<Int64Type>())
+                .collect();
             first_mismatch(rows, |row, ci, sid| {
                 let (a, b) = (got.value(row), want[ci].value(sid));
                 (a != b).then(|| (a.to_string(), b.to_string()))
@@ -266,7 +277,10 @@ fn check_stored_column(
         }
         MetaType::Float64 => {
             let got = column.as_primitive::<Float64Type>();
-            let want: Vec<_> = stored.iter().map(|a| a.as_primitive::<Float64Type>()).collect();
+            let want: Vec<_> = stored
+                .iter()
+                .map(|a| a.as_primitive::<Float64Type>())
+                .collect();
             first_mismatch(rows, |row, ci, sid| {
                 let (a, b) = (got.value(row), want[ci].value(sid));
                 let same = a == b || a.to_bits() == b.to_bits();
@@ -327,7 +341,11 @@ fn weight_column(table: &RecordBatch) -> Result<Vec<f64>> {
     let column = table
         .column_by_name("weight")
         .ok_or_else(|| Error::population("missing column 'weight'"))?;
-    let numeric = column.data_type().is_numeric() && !matches!(column.data_type(), DataType::Decimal128(..) | DataType::Decimal256(..));
+    let numeric = column.data_type().is_numeric()
+        && !matches!(
+            column.data_type(),
+            DataType::Decimal128(..) | DataType::Decimal256(..)
+        );
     if !numeric {
         return Err(Error::InvalidPopulation {
             column: Some("weight".into()),

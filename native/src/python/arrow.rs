@@ -4,7 +4,7 @@
 
 use std::ffi::CStr;
 
-use arrow_array::ffi_stream::{RecordBatchStreamReader, FFI_ArrowArrayStream};
+use arrow_array::ffi_stream::{FFI_ArrowArrayStream, RecordBatchStreamReader};
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use arrow_schema::SchemaRef;
 use pyo3::prelude::*;
@@ -49,11 +49,17 @@ pub fn import_table(obj: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBa
     let reader = unsafe {
         RecordBatchStreamReader::from_raw(pointer.as_ptr().cast::<FFI_ArrowArrayStream>())
     }
-    .map_err(|e| to_pyerr(Error::population(format!("cannot read the Arrow stream: {e}"))))?;
+    .map_err(|e| {
+        to_pyerr(Error::population(format!(
+            "cannot read the Arrow stream: {e}"
+        )))
+    })?;
     let schema = reader.schema();
-    let batches = reader
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| to_pyerr(Error::population(format!("cannot read the Arrow stream: {e}"))))?;
+    let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| {
+        to_pyerr(Error::population(format!(
+            "cannot read the Arrow stream: {e}"
+        )))
+    })?;
     Ok((schema, batches))
 }
 

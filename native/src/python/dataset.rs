@@ -68,7 +68,10 @@ impl Dataset {
 
 fn check_batch_size(batch_size: i64) -> PyResult<usize> {
     if batch_size < 1 {
-        return Err(Error::invalid(format!("batch_size must be >= 1, got {batch_size}"))).py();
+        return Err(Error::invalid(format!(
+            "batch_size must be >= 1, got {batch_size}"
+        )))
+        .py();
     }
     Ok(batch_size as usize)
 }
@@ -145,7 +148,9 @@ impl Dataset {
     }
 
     fn metadata(&self) -> PyResult<ArrowTable> {
-        Ok(ArrowTable::new(self.inner.population().py()?.table().clone()))
+        Ok(ArrowTable::new(
+            self.inner.population().py()?.table().clone(),
+        ))
     }
 
     fn update_metadata(&self, py: Python<'_>, table: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -158,7 +163,10 @@ impl Dataset {
 
     fn set_epoch_len(&self, epoch_len: i64) -> PyResult<()> {
         if epoch_len < 1 {
-            return Err(Error::invalid(format!("epoch_len must be >= 1, got {epoch_len}"))).py();
+            return Err(Error::invalid(format!(
+                "epoch_len must be >= 1, got {epoch_len}"
+            )))
+            .py();
         }
         self.inner.set_epoch_len(epoch_len as u64).py()
     }
@@ -168,10 +176,12 @@ impl Dataset {
     fn samples(&self, rank: i64, world_size: i64) -> PyResult<SampleIterator> {
         let rank = non_negative("rank", rank)?;
         let world_size = non_negative("world_size", world_size)?;
-        let epoch = self.inner.next_epoch().py()?;
-        let window = epoch.window.partition(rank, world_size, 0).py()?;
         let stream = self
-            .open_stream(epoch.population, window, None, SAMPLE_BATCH_ROWS)
+            .inner
+            .next_epoch_with(|epoch| {
+                let window = epoch.window.partition(rank, world_size, 0)?;
+                self.open_stream(epoch.population, window, None, SAMPLE_BATCH_ROWS)
+            })
             .py()?;
         Ok(SampleIterator::new(stream))
     }
@@ -180,9 +190,11 @@ impl Dataset {
     #[pyo3(signature = (columns, *, batch_size=1024))]
     fn batches(&self, columns: Option<Vec<String>>, batch_size: i64) -> PyResult<BatchStream> {
         let batch_rows = check_batch_size(batch_size)?;
-        let epoch = self.inner.next_epoch().py()?;
         let stream = self
-            .open_stream(epoch.population, epoch.window, columns, batch_rows)
+            .inner
+            .next_epoch_with(|epoch| {
+                self.open_stream(epoch.population, epoch.window, columns, batch_rows)
+            })
             .py()?;
         Ok(BatchStream::new(stream))
     }
@@ -235,10 +247,21 @@ impl Dataset {
             .iter()
             .enumerate()
             .skip(1)
-            .map(|(i, f)| (PyString::new(py, f.name()).unbind(), metadata.column(i).clone()))
+            .map(|(i, f)| {
+                (
+                    PyString::new(py, f.name()).unbind(),
+                    metadata.column(i).clone(),
+                )
+            })
             .collect();
         let dict = metadata_dict(py, &columns, sample_id as usize)?;
-        make_sample(py, PyBytes::new(py, &data).into_any(), dict, cache_id, sample_id)
+        make_sample(
+            py,
+            PyBytes::new(py, &data).into_any(),
+            dict,
+            cache_id,
+            sample_id,
+        )
     }
 }
 
@@ -351,7 +374,12 @@ impl SampleIterator {
                             .iter()
                             .enumerate()
                             .skip(4)
-                            .map(|(i, f)| (PyString::new(py, f.name()).unbind(), batch.column(i).clone()))
+                            .map(|(i, f)| {
+                                (
+                                    PyString::new(py, f.name()).unbind(),
+                                    batch.column(i).clone(),
+                                )
+                            })
                             .collect();
                     } else {
                         for (i, slot) in self.columns.iter_mut().enumerate() {
@@ -380,8 +408,12 @@ fn metadata_dict<'py>(
         }
         match array.data_type() {
             DataType::Int64 => dict.set_item(key, array.as_primitive::<Int64Type>().value(row))?,
-            DataType::Float64 => dict.set_item(key, array.as_primitive::<Float64Type>().value(row))?,
-            DataType::UInt64 => dict.set_item(key, array.as_primitive::<UInt64Type>().value(row))?,
+            DataType::Float64 => {
+                dict.set_item(key, array.as_primitive::<Float64Type>().value(row))?
+            }
+            DataType::UInt64 => {
+                dict.set_item(key, array.as_primitive::<UInt64Type>().value(row))?
+            }
             DataType::Boolean => dict.set_item(key, array.as_boolean().value(row))?,
             DataType::Utf8 => dict.set_item(key, array.as_string::<i32>().value(row))?,
             DataType::LargeUtf8 => dict.set_item(key, array.as_string::<i64>().value(row))?,

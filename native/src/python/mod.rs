@@ -71,7 +71,9 @@ fn verify_cache<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDi
 /// The manifest of a cache as a dict (after the open-time checks).
 #[pyfunction]
 fn inspect_cache<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
-    let manifest = py.detach(|| Cache::open(&path, false).map(|c| c.manifest().clone())).py()?;
+    let manifest = py
+        .detach(|| Cache::open(&path, false).map(|c| c.manifest().clone()))
+        .py()?;
     let text = serde_json::to_string(&manifest)
         .map_err(|e| errors::value_error(format!("cannot encode the manifest: {e}")))?;
     let out = py.import("json")?.call_method1("loads", (text,))?;

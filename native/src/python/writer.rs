@@ -76,15 +76,18 @@ pub fn write_cache(
     let writer = py
         .detach(|| CacheWriter::create(&base_dir, &name, columns, options))
         .py()?;
-    let mut pipeline = Pipeline::new(runtime.pool.clone(), writer, options.compression, prefetch_size);
+    let mut pipeline = Pipeline::new(
+        runtime.pool.clone(),
+        writer,
+        options.compression,
+        prefetch_size,
+    );
     pipeline.progress = progress_bar(show_progress, total, &name);
     pipeline.push(py, (data, first_values))?;
-    let mut index = 1u64;
-    for item in iterator {
+    for (index, item) in (1u64..).zip(iterator) {
         let (data, fields) = extract_record(&item?, index)?;
         let values = binder.bind(index, fields).py()?;
         pipeline.push(py, (data, values))?;
-        index += 1;
     }
     let path = pipeline.finish(py)?;
     Ok(path.to_string_lossy().into_owned())
@@ -107,7 +110,12 @@ struct Pipeline {
 }
 
 impl Pipeline {
-    fn new(pool: Arc<WorkerPool>, writer: CacheWriter, compression: Compression, prefetch: usize) -> Self {
+    fn new(
+        pool: Arc<WorkerPool>,
+        writer: CacheWriter,
+        compression: Compression,
+        prefetch: usize,
+    ) -> Self {
         let (sender, results) = unbounded();
         Pipeline {
             pool,
@@ -175,10 +183,8 @@ impl Pipeline {
                     writer.append(record, values)?;
                 }
                 self.progress.set_position(writer.records());
-                self.progress.set_message(format!(
-                    "{:.1} MB",
-                    writer.payload_bytes() as f64 / 1e6
-                ));
+                self.progress
+                    .set_message(format!("{:.1} MB", writer.payload_bytes() as f64 / 1e6));
             }
             let waiting = self.next_commit < self.next_submit;
             let over_budget = self.in_flight_records > self.prefetch;
@@ -231,8 +237,10 @@ fn progress_bar(show: bool, total: Option<u64>, name: &str) -> ProgressBar {
     bar
 }
 
+type Fields = Vec<(String, MetaValue)>;
+
 /// Read one `CacheInput(data, metadata)` (or any object with those attributes).
-fn extract_record(item: &Bound<'_, PyAny>, index: u64) -> PyResult<(Vec<u8>, Vec<(String, MetaValue)>)> {
+fn extract_record(item: &Bound<'_, PyAny>, index: u64) -> PyResult<(Vec<u8>, Fields)> {
     let (data, metadata) = match item.cast::<PyTuple>() {
         Ok(t) if t.len() == 2 => (t.get_item(0)?, t.get_item(1)?),
         _ => match (item.getattr("data"), item.getattr("metadata")) {
@@ -250,8 +258,11 @@ fn extract_record(item: &Bound<'_, PyAny>, index: u64) -> PyResult<(Vec<u8>, Vec
         b.as_bytes().to_vec()
     } else if let Ok(b) = data.cast::<PyByteArray>() {
         b.to_vec()
-    } else if data.hasattr("tobytes")? && data.get_type().name()?.to_string() == "memoryview" {
-        data.call_method0("tobytes")?.cast::<PyBytes>()?.as_bytes().to_vec()
+    } else if data.get_type().name()? == "memoryview" {
+        data.call_method0("tobytes")?
+            .cast::<PyBytes>()?
+            .as_bytes()
+            .to_vec()
     } else {
         return Err(Error::Source(format!(
             "record {index}: data must be bytes, bytearray or memoryview, got {}",

@@ -74,7 +74,10 @@ impl Cache {
         for entry in &manifest.shards {
             let path = dir.join(&entry.file);
             let file = File::open(&path).map_err(|e| {
-                Error::corrupt(&path, format!("cannot open shard listed in the manifest: {e}"))
+                Error::corrupt(
+                    &path,
+                    format!("cannot open shard listed in the manifest: {e}"),
+                )
             })?;
             let len = file.metadata().at("cannot stat", &path)?.len();
             if len != entry.bytes {
@@ -185,7 +188,9 @@ impl Cache {
 
     fn stored_bytes(&self, entry: &IndexEntry) -> &[u8] {
         match self.shards.get(entry.shard as usize) {
-            Some(Some(map)) => &map[entry.offset as usize..(entry.offset + entry.stored_len) as usize],
+            Some(Some(map)) => {
+                &map[entry.offset as usize..(entry.offset + entry.stored_len) as usize]
+            }
             _ => &[],
         }
     }
@@ -220,7 +225,10 @@ fn read_checked(dir: &Path, entry: &FileEntry, expected_name: &str) -> Result<Ve
         ));
     }
     let bytes = std::fs::read(&path).map_err(|e| {
-        Error::corrupt(&path, format!("cannot read a file listed in the manifest: {e}"))
+        Error::corrupt(
+            &path,
+            format!("cannot read a file listed in the manifest: {e}"),
+        )
     })?;
     if bytes.len() as u64 != entry.bytes {
         return Err(Error::corrupt(
@@ -284,7 +292,9 @@ fn read_metadata(dir: &Path, manifest: &Manifest) -> Result<RecordBatch> {
         )));
     }
     if batch.columns().iter().any(|c| c.null_count() > 0) {
-        return Err(corrupt("contains nulls; stored metadata is never null".into()));
+        return Err(corrupt(
+            "contains nulls; stored metadata is never null".into(),
+        ));
     }
     Ok(batch)
 }

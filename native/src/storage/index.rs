@@ -49,7 +49,8 @@ impl IndexEntry {
         };
         let mut shard = [0u8; 4];
         shard.copy_from_slice(&bytes[0..4]);
-        let codec = Codec::from_tag(bytes[4]).ok_or_else(|| format!("unknown codec tag {}", bytes[4]))?;
+        let codec =
+            Codec::from_tag(bytes[4]).ok_or_else(|| format!("unknown codec tag {}", bytes[4]))?;
         if bytes[5..8] != [0, 0, 0] {
             return Err("reserved bytes are not zero".to_string());
         }

@@ -101,7 +101,9 @@ impl Manifest {
         }
         let envelope: Envelope =
             serde_json::from_value(value).map_err(|e| format!("malformed envelope: {e}"))?;
-        let computed = hex64(xxh3_64(&canonical(&envelope.manifest).map_err(|e| e.to_string())?));
+        let computed = hex64(xxh3_64(
+            &canonical(&envelope.manifest).map_err(|e| e.to_string())?,
+        ));
         if computed != envelope.checksum {
             return Err(format!(
                 "checksum mismatch (recorded {}, computed {computed}): the file was modified",
@@ -159,7 +161,10 @@ mod tests {
         for i in 0..bytes.len() {
             let mut flipped = bytes.clone();
             flipped[i] ^= 0x01;
-            assert!(Manifest::parse(&flipped).is_err(), "flip at byte {i} undetected");
+            assert!(
+                Manifest::parse(&flipped).is_err(),
+                "flip at byte {i} undetected"
+            );
         }
     }
 

@@ -113,7 +113,9 @@ impl SchemaBinder {
                 )));
             }
             if name.is_empty() {
-                return Err(Error::Schema("record 0: metadata keys must be non-empty".into()));
+                return Err(Error::Schema(
+                    "record 0: metadata keys must be non-empty".into(),
+                ));
             }
             binder.positions.insert(name.clone(), binder.columns.len());
             binder.columns.push(ColumnSpec {
@@ -210,7 +212,11 @@ impl ColumnBuilders {
                 (TypedBuilder::Float(b), MetaValue::Float(v)) => b.append_value(*v),
                 (TypedBuilder::Bool(b), MetaValue::Bool(v)) => b.append_value(*v),
                 (TypedBuilder::Str(b), MetaValue::Str(v)) => b.append_value(v),
-                _ => return Err(Error::Schema("a value does not match its column type".into())),
+                _ => {
+                    return Err(Error::Schema(
+                        "a value does not match its column type".into(),
+                    ))
+                }
             }
         }
         Ok(())
@@ -237,7 +243,10 @@ mod tests {
     use super::*;
 
     fn rec(pairs: &[(&str, MetaValue)]) -> Vec<(String, MetaValue)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
     }
 
     #[test]
@@ -248,7 +257,10 @@ mod tests {
         ]))
         .unwrap();
         let bound = b
-            .bind(1, rec(&[("score", MetaValue::Int(2)), ("label", MetaValue::Int(3))]))
+            .bind(
+                1,
+                rec(&[("score", MetaValue::Int(2)), ("label", MetaValue::Int(3))]),
+            )
             .unwrap();
         assert_eq!(bound, vec![MetaValue::Int(3), MetaValue::Float(2.0)]);
     }
@@ -258,9 +270,14 @@ mod tests {
         let b = SchemaBinder::from_first(&rec(&[("label", MetaValue::Int(1))])).unwrap();
         assert!(b.bind(1, rec(&[])).is_err());
         assert!(b
-            .bind(1, rec(&[("label", MetaValue::Int(1)), ("x", MetaValue::Int(1))]))
+            .bind(
+                1,
+                rec(&[("label", MetaValue::Int(1)), ("x", MetaValue::Int(1))])
+            )
             .is_err());
-        let err = b.bind(5, rec(&[("label", MetaValue::Str("a".into()))])).unwrap_err();
+        let err = b
+            .bind(5, rec(&[("label", MetaValue::Str("a".into()))]))
+            .unwrap_err();
         assert!(err.to_string().contains("record 5"), "{err}");
         assert!(SchemaBinder::from_first(&rec(&[("weight", MetaValue::Int(1))])).is_err());
     }

@@ -237,14 +237,19 @@ impl CacheWriter {
 
     fn metadata_ipc(&mut self) -> Result<Vec<u8>> {
         let builders = std::mem::replace(&mut self.builders, ColumnBuilders::new(&[]));
-        let mut fields = vec![Field::new("sample_id", arrow_schema::DataType::UInt64, false)];
+        let mut fields = vec![Field::new(
+            "sample_id",
+            arrow_schema::DataType::UInt64,
+            false,
+        )];
         fields.extend(
             self.columns
                 .iter()
                 .map(|c| Field::new(&c.name, c.dtype.arrow(), false)),
         );
         let schema = Arc::new(Schema::new(fields));
-        let mut arrays: Vec<ArrayRef> = vec![Arc::new(UInt64Array::from_iter_values(0..self.records))];
+        let mut arrays: Vec<ArrayRef> =
+            vec![Arc::new(UInt64Array::from_iter_values(0..self.records))];
         arrays.extend(builders.finish());
         let batch = RecordBatch::try_new(schema.clone(), arrays)?;
         let mut bytes = Vec::new();

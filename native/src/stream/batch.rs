@@ -42,7 +42,11 @@ impl BatchContext {
         ];
         let mut columns = Vec::with_capacity(column_names.len());
         for name in column_names {
-            if BASE_COLUMNS.contains(&name.as_str()) || columns.iter().any(|(f, _): &(Field, ArrayRef)| f.name() == name) {
+            if BASE_COLUMNS.contains(&name.as_str())
+                || columns
+                    .iter()
+                    .any(|(f, _): &(Field, ArrayRef)| f.name() == name)
+            {
                 return Err(Error::invalid(format!(
                     "column '{name}' is requested twice or is always included ({})",
                     BASE_COLUMNS.join(", ")

@@ -1,0 +1,242 @@
+//! End-to-end tests of the pure-Rust engine: write caches, open them, validate
+//! populations and read windows of the stream.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::UInt64Type;
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, UInt64Array};
+use arrow_schema::{DataType, Field, Schema};
+use dataset_rt_native::population::Population;
+use dataset_rt_native::sampling::{StreamOrder, StreamWindow};
+use dataset_rt_native::storage::{
+    Cache, CacheSet, CacheWriter, Codec, ColumnSpec, Compression, EncodedRecord, MetaType,
+    MetaValue, WriterOptions,
+};
+use dataset_rt_native::stream::{BatchContext, EpochStream, StreamOptions, WorkerPool};
+use dataset_rt_native::Error;
+use proptest::prelude::*;
+
+fn write_cache(base: &Path, name: &str, n: u64, codec: Codec, max_shard_bytes: u64) -> PathBuf {
+    let columns = vec![
+        ColumnSpec {
+            name: "label".into(),
+            dtype: MetaType::Int64,
+        },
+        ColumnSpec {
+            name: "split".into(),
+            dtype: MetaType::String,
+        },
+    ];
+    let options = WriterOptions {
+        max_shard_bytes,
+        compression: Compression { codec, level: 3 },
+    };
+    let mut writer = CacheWriter::create(base, name, columns, options).unwrap();
+    for i in 0..n {
+        let payload = format!("{name}-{i}-")
+            .repeat(1 + (i % 5) as usize)
+            .into_bytes();
+        let record = EncodedRecord::encode(payload, options.compression).unwrap();
+        let meta = [
+            MetaValue::Int((i % 3) as i64),
+            MetaValue::Str(if i % 2 == 0 { "train" } else { "val" }.into()),
+        ];
+        writer.append(&record, &meta).unwrap();
+    }
+    writer.finish().unwrap().0
+}
+
+fn caches(base: &Path) -> Arc<CacheSet> {
+    let a = write_cache(base, "a", 40, Codec::Lz4, 256);
+    let b = write_cache(base, "b", 25, Codec::Zstd, 1 << 20);
+    Arc::new(CacheSet::open(&[a, b], true).unwrap())
+}
+
+fn read_ids(
+    caches: &Arc<CacheSet>,
+    population: &Arc<Population>,
+    order: StreamOrder,
+    window: StreamWindow,
+    pool: &Arc<WorkerPool>,
+    options: StreamOptions,
+) -> Vec<(u64, u64, u64)> {
+    let ctx = BatchContext::new(caches.clone(), population.clone(), order, window, &[]).unwrap();
+    let stream = EpochStream::new(ctx, pool.clone(), options).unwrap();
+    let mut out = Vec::new();
+    for batch in stream {
+        let batch = batch.unwrap();
+        let col = |i: usize| batch.column(i).as_primitive::<UInt64Type>().clone();
+        let (p, c, s) = (col(0), col(1), col(2));
+        for r in 0..batch.num_rows() {
+            out.push((p.value(r), c.value(r), s.value(r)));
+        }
+    }
+    out
+}
+
+#[test]
+fn payloads_round_trip_across_codecs_and_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = caches(dir.path());
+    assert!(
+        set.get(0).manifest().shards.len() > 1,
+        "small shards rotate"
+    );
+    for cache in set.caches() {
+        let name = &cache.manifest().source_name;
+        for i in 0..cache.len() {
+            let expected = format!("{name}-{i}-").repeat(1 + (i % 5) as usize);
+            assert_eq!(cache.read(i).unwrap(), expected.as_bytes());
+        }
+        cache.verify().unwrap();
+    }
+}
+
+#[test]
+fn cache_ids_depend_on_name_and_content_only() {
+    let one = tempfile::tempdir().unwrap();
+    let two = tempfile::tempdir().unwrap();
+    let a1 = write_cache(one.path(), "a", 10, Codec::None, 1 << 20);
+    let a2 = write_cache(two.path(), "a", 10, Codec::Zstd, 64);
+    let b = write_cache(one.path(), "b", 10, Codec::None, 1 << 20);
+    let a11 = write_cache(two.path(), "a_more", 11, Codec::None, 1 << 20);
+    let id = |p: &Path| Cache::open(p, false).unwrap().cache_id();
+    assert_eq!(id(&a1), id(&a2), "same source, other place and codec");
+    assert_ne!(id(&a1), id(&b));
+    assert_ne!(id(&a1), id(&a11));
+}
+
+#[test]
+fn flipped_shard_bytes_are_errors_never_wrong_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_cache(dir.path(), "a", 30, Codec::None, 1 << 20);
+    let shard = path.join("shard-00000.bin");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[0] ^= 0x40;
+    std::fs::write(&shard, &bytes).unwrap();
+    let cache = Cache::open(&path, false).unwrap();
+    let err = cache.read(0).unwrap_err();
+    assert!(matches!(err, Error::CorruptCache { .. }), "{err}");
+    assert!(err.to_string().contains("shard-00000.bin"), "{err}");
+    assert!(
+        Cache::open(&path, true).is_err(),
+        "full verification at open"
+    );
+}
+
+#[test]
+fn populations_reject_changed_stored_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = caches(dir.path());
+    let full = Population::full(&set).unwrap();
+    let table = full.table().clone();
+    let label_at = table.schema().index_of("label").unwrap();
+    let mut labels: Vec<i64> = table
+        .column(label_at)
+        .as_primitive::<arrow_array::types::Int64Type>()
+        .values()
+        .to_vec();
+    labels[3] += 1;
+    labels[9] += 1;
+    let mut columns: Vec<ArrayRef> = table.columns().to_vec();
+    columns[label_at] = Arc::new(Int64Array::from(labels));
+    let changed = RecordBatch::try_new(table.schema(), columns).unwrap();
+    match Population::from_table(&set, changed) {
+        Err(Error::InvalidPopulation {
+            column,
+            first_row,
+            count,
+            ..
+        }) => {
+            assert_eq!(column.as_deref(), Some("label"));
+            assert_eq!(first_row, Some(3));
+            assert_eq!(count, Some(2));
+        }
+        Err(other) => panic!("wrong error {other}"),
+        Ok(_) => panic!("changed stored values were accepted"),
+    }
+}
+
+#[test]
+fn populations_accept_duplicates_reorders_and_extras() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = caches(dir.path());
+    let first = set.get(0);
+    let rows = [5u64, 5, 1];
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("sample_id", DataType::UInt64, false),
+        Field::new("cache_id", DataType::UInt64, false),
+        Field::new("note", DataType::Utf8, false),
+        Field::new("split", DataType::Utf8, false),
+        Field::new("label", DataType::Int64, false),
+        Field::new("weight", DataType::Float64, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(UInt64Array::from(rows.to_vec())),
+            Arc::new(UInt64Array::from(vec![first.cache_id(); 3])),
+            Arc::new(StringArray::from(vec!["x", "y", "z"])),
+            Arc::new(StringArray::from(vec!["val", "val", "val"])),
+            Arc::new(Int64Array::from(vec![2, 2, 1])),
+            Arc::new(Float64Array::from(vec![1.0, 2.0, 0.5])),
+        ],
+    )
+    .unwrap();
+    let population = Population::from_table(&set, batch).unwrap();
+    assert_eq!(population.num_rows(), 3);
+    assert_eq!(population.record(1), (0, 5));
+    assert!(population.column("note").is_some());
+}
+
+#[test]
+fn ranks_cover_an_epoch_and_prefetch_never_changes_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = caches(dir.path());
+    let population = Arc::new(Population::full(&set).unwrap());
+    let order = StreamOrder::Weighted { seed: 11 };
+    let epoch = StreamWindow::new(130, 65, 1).unwrap();
+    let pool = Arc::new(WorkerPool::new(3).unwrap());
+    let full = read_ids(
+        &set,
+        &population,
+        order,
+        epoch,
+        &pool,
+        StreamOptions::default(),
+    );
+    let tiny = StreamOptions {
+        batch_rows: 3,
+        max_batch_bytes: 16,
+        prefetch_rows: 1,
+    };
+    assert_eq!(full, read_ids(&set, &population, order, epoch, &pool, tiny));
+    let mut merged: Vec<(u64, u64, u64)> = (0..4)
+        .flat_map(|rank| {
+            let part = epoch.partition(rank, 4, 0).unwrap();
+            read_ids(&set, &population, order, part, &pool, tiny)
+        })
+        .collect();
+    merged.sort();
+    // 65 = 4 * 16 + 1: the last position is the remainder that no rank takes.
+    assert_eq!(merged, full[..64].to_vec());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn windows_concatenate_to_the_stream(start in 0u64..1000, n in 0u64..60, m in 0u64..60, seed: u64, shuffle: bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let set = caches(dir.path());
+        let population = Arc::new(Population::full(&set).unwrap());
+        let order = StreamOrder::new(shuffle, seed);
+        let pool = Arc::new(WorkerPool::new(2).unwrap());
+        let opts = StreamOptions { batch_rows: 7, ..StreamOptions::default() };
+        let whole = read_ids(&set, &population, order, StreamWindow::new(start, n + m, 1).unwrap(), &pool, opts);
+        let mut parts = read_ids(&set, &population, order, StreamWindow::new(start, n, 1).unwrap(), &pool, opts);
+        parts.extend(read_ids(&set, &population, order, StreamWindow::new(start + n, m, 1).unwrap(), &pool, opts));
+        prop_assert_eq!(whole, parts);
+    }
+}

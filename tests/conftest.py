@@ -1,0 +1,79 @@
+"""Shared fixtures and helpers: a runtime, an in-memory source, deterministic records."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dataset_rt as drt
+
+_RUNTIME: drt.DatasetRuntime | None = None
+
+
+def _shared_runtime() -> drt.DatasetRuntime:
+    global _RUNTIME
+    if _RUNTIME is None:
+        _RUNTIME = drt.DatasetRuntime(num_workers=2)
+    return _RUNTIME
+
+
+@pytest.fixture(scope="session")
+def runtime() -> drt.DatasetRuntime:
+    """One two-worker runtime for the whole session (a runtime holds no dataset state)."""
+    return _shared_runtime()
+
+
+class ListSource:
+    """A named source over a list of records that counts how often it was iterated."""
+
+    def __init__(self, name: str, records: list[drt.CacheInput]) -> None:
+        self.name = name
+        self.records = list(records)
+        self.iterations = 0
+
+    def __iter__(self) -> Iterator[drt.CacheInput]:
+        self.iterations += 1
+        return iter(self.records)
+
+    def __repr__(self) -> str:
+        return f"ListSource({self.name!r}, {len(self.records)} records)"
+
+
+def payload(index: int, size: int = 16, seed: int = 0) -> bytes:
+    """Deterministic pseudo-random bytes of record ``index`` (distinct per record)."""
+    return random.Random(f"{seed}:{index}").randbytes(size)
+
+
+def make_records(n: int, *, payload_size: int = 16, seed: int = 0) -> list[drt.CacheInput]:
+    """``n`` records with the four metadata types and deterministic, distinct payloads."""
+    return [
+        drt.CacheInput(
+            data=payload(i, payload_size, seed),
+            metadata={"label": i % 3, "score": float(i) / 2, "flag": i % 2 == 0, "name": f"r{i}"},
+        )
+        for i in range(n)
+    ]
+
+
+def write(tmp_path: Path, source: Any, **writer_kwargs: Any) -> Path:
+    """Write ``source`` under ``tmp_path`` (progress bar off) and return the cache path."""
+    writer_kwargs.setdefault("show_progress", False)
+    config = drt.WriterConfig(**writer_kwargs)
+    (result,) = _shared_runtime().write_cache(source, tmp_path, writer_config=config)
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    assert result.path == tmp_path / source.name
+    return result.path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests run on purpose (``-m slow``), not in the default run."""
+    if config.getoption("markexpr"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
