@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dataset_rt import _native
 from dataset_rt.errors import DatasetRTError
+from dataset_rt.records import CacheInput
 
 
 def _human_bytes(n: int) -> str:
@@ -64,9 +65,7 @@ class _DemoSource:
 
     name = "demo_imbalanced"
 
-    def __iter__(self) -> Iterator[object]:
-        from dataset_rt.records import CacheInput
-
+    def __iter__(self) -> Iterator[CacheInput]:
         for index in range(12):
             yield CacheInput(
                 data=f"sample {index}".encode(),

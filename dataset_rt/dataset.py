@@ -32,10 +32,11 @@ class CachedDataset:
     `DatasetRuntime.from_cache_sources` to create one.
     """
 
-    __slots__ = ("_native", "cache_paths", "reader_config")
+    __slots__ = ("_engine", "cache_paths", "reader_config")
 
     cache_paths: list[Path]
     reader_config: ReaderConfig
+    _engine: _native.Dataset
 
     def __init__(self) -> None:
         raise TypeError("use DatasetRuntime.cached_dataset() to open a CachedDataset")
@@ -47,7 +48,7 @@ class CachedDataset:
         dataset = cls.__new__(cls)
         dataset.cache_paths = list(paths)
         dataset.reader_config = config
-        dataset._native = _native.Dataset(
+        dataset._engine = _native.Dataset(
             runtime,
             [str(p) for p in paths],
             seed=config.seed_u64,
@@ -66,7 +67,7 @@ class CachedDataset:
         columns, ``weight`` (Float64), then any extra columns of the last update, in
         the row order of the last update (duplicates included).
         """
-        return pl.DataFrame(self._native.metadata())
+        return pl.DataFrame(self._engine.metadata())
 
     def update_metadata(self, table: Any) -> None:
         """Validate ``table`` in Rust and make it the active population.
@@ -77,7 +78,7 @@ class CachedDataset:
         an `InvalidPopulationError` names the column, the first offending row and
         how many rows fail, and nothing changes.
         """
-        self._native.update_metadata(table)
+        self._engine.update_metadata(table)
 
     def samples_metadata(self) -> pl.DataFrame:
         """Alias of `get_metadata`."""
@@ -90,7 +91,7 @@ class CachedDataset:
     @property
     def metadata_columns(self) -> list[str]:
         """The names of the metadata columns stored in the caches."""
-        return list(self._native.stored_columns)
+        return list(self._engine.stored_columns)
 
     # -- the stream -------------------------------------------------------------
 
@@ -100,18 +101,18 @@ class CachedDataset:
             raise InvalidArgumentError(
                 f"epoch_len must be an int >= 1, got {type(epoch_len).__name__}"
             )
-        self._native.set_epoch_len(epoch_len)
+        self._engine.set_epoch_len(epoch_len)
 
     def __len__(self) -> int:
         """The epoch length: how many samples the next iterator yields."""
-        return self._native.epoch_len
+        return self._engine.epoch_len
 
     def __iter__(self) -> Iterator[CachedSample]:
         """Take the next ``len(self)`` positions of the stream, decoded as samples.
 
         The iterator is a snapshot: later updates do not change what it yields.
         """
-        return self._native.samples()  # type: ignore[no-any-return]
+        return self._engine.samples()
 
     def iter_batches(
         self, columns: Sequence[str] | None = None, *, batch_size: int = 1024
@@ -123,7 +124,7 @@ class CachedDataset:
         metadata columns (all stored columns when ``columns`` is None). Batches
         hold at most ``batch_size`` rows and stay within a few MiB.
         """
-        stream = self._native.batches(
+        stream = self._engine.batches(
             None if columns is None else list(columns), batch_size=batch_size
         )
         return pa.RecordBatchReader.from_stream(stream)
@@ -143,9 +144,9 @@ class CachedDataset:
         be read without computing the positions before it. ``count`` defaults to
         the epoch length.
         """
-        native = self._native.stream(
+        native = self._engine.stream(
             start,
-            self._native.epoch_len if count is None else count,
+            self._engine.epoch_len if count is None else count,
             stride,
             None if columns is None else list(columns),
             batch_size=batch_size,
@@ -154,7 +155,7 @@ class CachedDataset:
 
     def get_item(self, cache_id: int, sample_id: int) -> CachedSample:
         """Read one record by identity (stored metadata, not the population's extras)."""
-        return self._native.get_item(cache_id, sample_id)  # type: ignore[no-any-return]
+        return self._engine.get_item(cache_id, sample_id)
 
     def to_torch_iterable_dataset(self) -> CachedIterableDataset:
         """Wrap this dataset as a ``torch.utils.data.IterableDataset``.
@@ -168,6 +169,6 @@ class CachedDataset:
 
     def __repr__(self) -> str:
         return (
-            f"CachedDataset(caches={len(self.cache_paths)}, rows={self._native.num_rows}, "
+            f"CachedDataset(caches={len(self.cache_paths)}, rows={self._engine.num_rows}, "
             f"epoch_len={len(self)}, shuffle={self.reader_config.shuffle})"
         )

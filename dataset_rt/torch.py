@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 try:
-    from torch.utils.data import IterableDataset, get_worker_info
+    from torch.utils.data import IterableDataset, get_worker_info  # type: ignore[import-not-found, unused-ignore]
 except ImportError as error:  # pragma: no cover - exercised when torch is absent
     raise ImportError(
         "to_torch_iterable_dataset() needs PyTorch; install it with "
@@ -36,5 +36,5 @@ class CachedIterableDataset(IterableDataset[CachedSample]):  # type: ignore[misc
         info = get_worker_info()
         if info is None:
             return iter(self._dataset)
-        native = self._dataset._native
-        return native.samples(rank=info.id, world_size=info.num_workers)  # type: ignore[no-any-return]
+        engine = self._dataset._engine
+        return engine.samples(rank=info.id, world_size=info.num_workers)
