@@ -105,18 +105,20 @@ def _parser() -> argparse.ArgumentParser:
         description="Inspect and verify DatasetRT caches. Without a command, run the demo.",
     )
     commands = parser.add_subparsers(dest="command")
-    inspect = commands.add_parser(
-        "inspect", help="summarise a cache: manifest, schema, sizes, row counts"
-    )
+    inspect_help = "summarise a cache: manifest, schema, sizes, row counts"
+    inspect = commands.add_parser("inspect", help=inspect_help, description=inspect_help)
     inspect.add_argument("cache", type=Path, help="a cache directory")
     inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
     inspect.set_defaults(run=_inspect)
-    verify = commands.add_parser(
-        "verify", help="verify the full checksum of every file and record of a cache"
+    verify_help = (
+        "verify the full checksum of every file and record of a cache; "
+        "exits 1 and names the damaged file on corruption"
     )
+    verify = commands.add_parser("verify", help=verify_help, description=verify_help)
     verify.add_argument("cache", type=Path, help="a cache directory")
     verify.set_defaults(run=_verify)
-    demo = commands.add_parser("demo", help="write a demo cache and read a balanced epoch")
+    demo_help = "write a demo cache (or reuse it), reweight it with Polars, read a balanced epoch"
+    demo = commands.add_parser("demo", help=demo_help, description=demo_help)
     demo.add_argument(
         "--data-dir", type=Path, default=Path(".data"), help="where the demo cache is written"
     )

@@ -9,7 +9,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A cache file is missing, truncated, malformed, of an unknown version or
     /// fails a checksum.
-    #[error("corrupt cache file {path}: {detail}")]
+    #[error(
+        "corrupt cache file {path}: {detail}; caches are immutable, so delete the cache \
+         directory and write it again"
+    )]
     CorruptCache { path: PathBuf, detail: String },
 
     /// The operating system refused an operation on `path`.

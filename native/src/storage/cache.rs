@@ -161,11 +161,9 @@ impl Cache {
             return Err(Error::corrupt(
                 &self.shard_paths[entry.shard as usize],
                 format!(
-                    "record {sample_id} fails its checksum (index says {}, data hashes to {}); \
-                     the cache is damaged: delete {} and write it again",
+                    "record {sample_id} fails its checksum (index says {}, data hashes to {})",
                     hex64(entry.checksum),
                     hex64(computed),
-                    self.dir.display()
                 ),
             ));
         }
@@ -246,7 +244,7 @@ fn check_digest(path: &Path, recorded: &str, computed: &str) -> Result<()> {
             path,
             format!(
                 "checksum mismatch (manifest {recorded}, file {computed}): the file was \
-                 modified or damaged; delete the cache directory and write it again"
+                 modified or damaged"
             ),
         ));
     }
