@@ -153,6 +153,18 @@ class CachedDataset:
         )
         return pa.RecordBatchReader.from_stream(native)
 
+    def draw_rows(self, *, start: int = 0, count: int | None = None, stride: int = 1) -> pa.Array:
+        """The active-table row index (uint32) drawn at each position of a window.
+
+        The same draws the stream makes, without reading payloads: use it to study
+        or audit sampling (e.g. how often each row is drawn). Computed in parallel
+        on the runtime's workers; does not move the dataset's position.
+        """
+        table = self._engine.draw_rows(
+            start, self._engine.epoch_len if count is None else count, stride
+        )
+        return pa.table(table).column("row").combine_chunks()
+
     def get_item(self, cache_id: int, sample_id: int) -> CachedSample:
         """Read one record by identity (stored metadata, not the population's extras)."""
         return self._engine.get_item(cache_id, sample_id)

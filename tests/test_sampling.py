@@ -728,3 +728,27 @@ def test_property_different_seeds_give_different_streams(
     # 64 uniform draws over 30 rows agree by chance with probability 30**-64.
     streams = [window(open_dataset(runtime, cache_a, seed=seed), start, 64) for seed in seeds]
     assert streams[0] != streams[1]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_draw_rows_are_the_rows_the_stream_reads(runtime, tmp_path, shuffle):
+    """`draw_rows` gives the active-table rows of exactly the stream's positions."""
+    source = ListSource("draws", make_records(37))
+    path = runtime.write_cache(
+        source, tmp_path, writer_config=drt.WriterConfig(show_progress=False)
+    )[0].path
+    dataset = runtime.cached_dataset(
+        [path], reader_config=drt.ReaderConfig(seed=5, shuffle=shuffle)
+    )
+    table = dataset.get_metadata()
+    reweighted = table.with_columns((pl.col("label") + 1).cast(pl.Float64).alias("weight"))
+    dataset.update_metadata(reweighted[::-1])
+    rows = dataset.draw_rows(start=11, count=200, stride=3).to_pylist()
+    batches = dataset.stream(start=11, count=200, stride=3, columns=[]).read_all()
+    active = dataset.get_metadata()
+    expected = list(
+        zip(batches["cache_id"].to_pylist(), batches["sample_id"].to_pylist(), strict=True)
+    )
+    drawn = [(active["cache_id"][r], active["sample_id"][r]) for r in rows]
+    assert drawn == expected
+    assert dataset.draw_rows(count=0).to_pylist() == []

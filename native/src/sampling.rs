@@ -27,11 +27,20 @@ pub fn word_at(seed: u64, position: u64) -> u64 {
 }
 
 /// Weighted sampling with replacement in O(1) per draw.
+///
+/// Each column is one 8-byte entry (threshold and alias side by side), so a draw
+/// touches one cache line of the table.
 #[derive(Debug, Clone)]
 pub struct AliasTable {
-    /// Column `i` keeps itself when the fraction is below `threshold[i]`.
-    threshold: Vec<u64>,
-    alias: Vec<u32>,
+    /// Column `i` keeps itself when the 32-bit fraction is below `threshold`,
+    /// otherwise it yields `alias`.
+    columns: Vec<AliasColumn>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct AliasColumn {
+    threshold: u32,
+    alias: u32,
 }
 
 impl AliasTable {
@@ -65,52 +74,61 @@ impl AliasTable {
                 large.push(i as u32);
             }
         }
-        let mut threshold = vec![u64::MAX; n];
-        let mut alias: Vec<u32> = (0..n as u32).collect();
+        // A column that keeps itself always has alias == itself, so the threshold
+        // of a full column does not matter.
+        let mut columns: Vec<AliasColumn> = (0..n as u32)
+            .map(|i| AliasColumn {
+                threshold: u32::MAX,
+                alias: i,
+            })
+            .collect();
         while let (Some(&s), Some(&l)) = (small.last(), large.last()) {
             small.pop();
             let (s, l) = (s as usize, l as usize);
-            threshold[s] = fraction_to_threshold(scaled[s]);
-            alias[s] = l as u32;
+            columns[s] = AliasColumn {
+                threshold: fraction_to_threshold(scaled[s]),
+                alias: l as u32,
+            };
             scaled[l] -= 1.0 - scaled[s];
             if scaled[l] < 1.0 {
                 large.pop();
                 small.push(l as u32);
             }
         }
-        // Whatever remains is 1.0 up to rounding: those columns always keep themselves.
-        Ok(AliasTable { threshold, alias })
+        // Whatever remains is 1.0 up to rounding: those columns keep themselves.
+        Ok(AliasTable { columns })
     }
 
     pub fn len(&self) -> usize {
-        self.threshold.len()
+        self.columns.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.threshold.is_empty()
+        self.columns.is_empty()
     }
 
-    /// The row drawn by the random word `word`.
+    /// The row drawn by the random word `word`: the high 64 bits of
+    /// `word * rows` pick the column, the next 32 bits are the fraction.
     #[inline]
     pub fn sample(&self, word: u64) -> usize {
-        let product = word as u128 * self.threshold.len() as u128;
-        let column = (product >> 64) as usize;
-        let fraction = product as u64;
-        if fraction < self.threshold[column] {
-            column
+        let product = word as u128 * self.columns.len() as u128;
+        let column = self.columns[(product >> 64) as usize];
+        let fraction = ((product as u64) >> 32) as u32;
+        if fraction < column.threshold {
+            (product >> 64) as usize
         } else {
-            self.alias[column] as usize
+            column.alias as usize
         }
     }
 }
 
-fn fraction_to_threshold(p: f64) -> u64 {
+fn fraction_to_threshold(p: f64) -> u32 {
     if p >= 1.0 {
-        u64::MAX
+        u32::MAX
     } else if p <= 0.0 {
         0
     } else {
-        (p * 18_446_744_073_709_551_616.0) as u64
+        (p * 4_294_967_296.0) as u32
     }
 }
 

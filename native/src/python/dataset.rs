@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type, UInt64Type};
-use arrow_array::{Array, ArrayRef, RecordBatch};
-use arrow_schema::DataType;
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array};
+use arrow_schema::{DataType, Field, Schema};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyString, PyType};
@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::population::Population;
 use crate::sampling::{StreamOrder, StreamWindow};
 use crate::storage::CacheSet;
-use crate::stream::{BatchContext, EpochStream, StreamOptions, WorkerPool};
+use crate::stream::{draw_rows, BatchContext, EpochStream, StreamOptions, WorkerPool};
 
 /// Rows per batch behind the per-sample iterator.
 const SAMPLE_BATCH_ROWS: usize = 256;
@@ -221,6 +221,35 @@ impl Dataset {
             .open_stream(population, window, columns, batch_rows)
             .py()?;
         Ok(BatchStream::new(stream))
+    }
+
+    /// The population rows drawn at a window's positions, without payloads.
+    fn draw_rows(
+        &self,
+        py: Python<'_>,
+        start: i64,
+        count: i64,
+        stride: i64,
+    ) -> PyResult<ArrowTable> {
+        let window = StreamWindow::new(
+            non_negative("start", start)?,
+            non_negative("count", count)?,
+            non_negative("stride", stride)?,
+        )
+        .py()?;
+        let population = self.inner.population().py()?;
+        let order = self.inner.order();
+        let rows = py
+            .detach(|| draw_rows(&self.pool, population, order, window))
+            .py()?;
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "row",
+            DataType::UInt32,
+            false,
+        )]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(UInt32Array::from(rows))])
+            .map_err(|e| to_pyerr(Error::from(e)))?;
+        Ok(ArrowTable::new(batch))
     }
 
     fn get_item(&self, py: Python<'_>, cache_id: u64, sample_id: u64) -> PyResult<Py<PyAny>> {

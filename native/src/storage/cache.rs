@@ -167,6 +167,10 @@ impl Cache {
                 ),
             ));
         }
+        if entry.codec == super::Codec::None && stored.len() as u64 == entry.raw_len {
+            out.extend_from_slice(stored);
+            return Ok(());
+        }
         let start = out.len();
         out.resize(start + entry.raw_len as usize, 0);
         decode_into(entry.codec, stored, &mut out[start..]).map_err(|detail| {

@@ -4,11 +4,12 @@
 //! The consumer's thread plans batches (which rows, where the batch ends) and
 //! submits them to the `WorkerPool`; workers read, verify and decode payloads and
 //! build the batches; a reorder buffer hands them back in position order. At
-//! most `prefetch_rows` rows (and at least one batch) are in flight, so memory
+//! most `prefetch_rows` rows (and at least one batch per worker) are in flight, so memory
 //! depends on the prefetch settings, never on the epoch length, and a slow
 //! consumer stops the workers (backpressure).
 
 mod batch;
+mod draws;
 mod pool;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -21,6 +22,7 @@ use arrow_schema::{ArrowError, SchemaRef};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
 pub use batch::{BatchContext, BASE_COLUMNS};
+pub use draws::draw_rows;
 pub use pool::WorkerPool;
 
 use crate::error::{Error, Result};
@@ -152,8 +154,12 @@ impl EpochStream {
     /// Plan and submit batches while the prefetch budget allows.
     fn fill(&mut self) -> Result<()> {
         let count = self.ctx.window.count;
+        // Keep every worker busy even when one batch holds more rows than the
+        // prefetch budget: memory stays bounded by max(prefetch, workers x batch).
+        let min_batches = self.pool.size();
         while self.planned < count
-            && (self.in_flight_rows < self.options.prefetch_rows || self.in_flight.is_empty())
+            && (self.in_flight_rows < self.options.prefetch_rows
+                || self.in_flight.len() < min_batches)
         {
             let first = self.planned;
             let mut rows: Vec<u32> = Vec::new();
