@@ -285,30 +285,14 @@ def bench_metadata(dataset: Any, rows: int, repeats: int) -> dict[str, Measureme
 
 
 def ours_draws(dataset: Any, count: int, repeats: int) -> Measurement:
-    """Our weighted draws: native ``draw_rows`` when present, else a payload stream."""
-    native = importlib.import_module("dataset_rt._native")
-    draw_rows = getattr(native, "draw_rows", None)
-    if draw_rows is not None:
-        weights = dataset.get_metadata()["weight"].to_arrow()
+    """Our weighted draws: ``CachedDataset.draw_rows``, the stream's draws without payloads."""
 
-        def run_native() -> tuple[int, int]:
-            drawn = len(draw_rows(weights, 0, 0, count))
-            check(drawn == count, f"draw_rows returned {drawn} rows, expected {count}")
-            return drawn, 0
+    def run() -> tuple[int, int]:
+        drawn = len(dataset.draw_rows(start=0, count=count))
+        check(drawn == count, f"draw_rows returned {drawn} rows, expected {count}")
+        return drawn, 0
 
-        return best_of(repeats, run_native, "_native.draw_rows(weights, seed=0, start=0, count)")
-
-    def run_stream() -> tuple[int, int]:
-        reader = dataset.stream(start=0, count=count, columns=[])
-        rows = sum(batch.num_rows for batch in reader)
-        check(rows == count, f"stream yielded {rows} rows, expected {count}")
-        return rows, 0
-
-    note = (
-        "ds.stream(start=0, count, columns=[]) drained: also reads the 16-byte payloads "
-        "(no _native.draw_rows found)"
-    )
-    return best_of(repeats, run_stream, note)
+    return best_of(repeats, run, "CachedDataset.draw_rows(start=0, count) (alias table, 2 workers)")
 
 
 def numpy_draws(dataset: Any, count: int, repeats: int) -> Measurement:

@@ -183,8 +183,9 @@ impl Pipeline {
                     writer.append(record, values)?;
                 }
                 self.progress.set_position(writer.records());
-                self.progress
-                    .set_message(format!("{:.1} MB", writer.payload_bytes() as f64 / 1e6));
+                let seconds = self.progress.elapsed().as_secs_f64().max(1e-3);
+                let rate = writer.payload_bytes() as f64 / 1e6 / seconds;
+                self.progress.set_message(format!("{rate:.1} MB/s"));
             }
             let waiting = self.next_commit < self.next_submit;
             let over_budget = self.in_flight_records > self.prefetch;
