@@ -19,6 +19,7 @@ from dataset_rt.errors import (
     DatasetRTError,
     InvalidArgumentError,
     InvalidPopulationError,
+    NotFoundError,
     SchemaMismatchError,
     SourceError,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "InvalidPopulationError",
     "Metadata",
     "MetadataValue",
+    "NotFoundError",
     "ReaderConfig",
     "SchemaMismatchError",
     "ShardCompression",

@@ -41,6 +41,10 @@ class InvalidArgumentError(DatasetRTError, ValueError):
     """An argument is out of range or of the wrong kind."""
 
 
+class NotFoundError(DatasetRTError, LookupError):
+    """A named dataset, population or cache does not exist."""
+
+
 class SourceError(DatasetRTError):
     """A cache source raised while it was being iterated, or yielded a bad record."""
 
@@ -51,6 +55,7 @@ __all__ = [
     "DatasetRTError",
     "InvalidArgumentError",
     "InvalidPopulationError",
+    "NotFoundError",
     "SchemaMismatchError",
     "SourceError",
 ]

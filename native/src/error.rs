@@ -41,6 +41,10 @@ pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
 
+    /// A named thing (dataset, population, cache) does not exist.
+    #[error("{0}")]
+    NotFound(String),
+
     /// A source yielded a bad record or failed while it was read.
     #[error("{0}")]
     Source(String),

@@ -7,6 +7,7 @@ pub mod dataset;
 pub mod error;
 pub mod population;
 pub mod sampling;
+pub mod service;
 pub mod storage;
 pub mod stream;
 

@@ -4,6 +4,7 @@
 //! against the caches (see `validate.rs`); a rejected table changes nothing
 //! because the caller only swaps in a population that was built successfully.
 
+mod store;
 mod validate;
 
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::sampling::AliasTable;
 use crate::storage::CacheSet;
 
+pub use store::{check_population_id, ActivePopulation, PopulationStore};
 pub use validate::validate_table;
 
 pub struct Population {

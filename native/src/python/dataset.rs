@@ -302,7 +302,7 @@ pub struct BatchStream {
 }
 
 impl BatchStream {
-    fn new(stream: EpochStream) -> Self {
+    pub(super) fn new(stream: EpochStream) -> Self {
         let names = stream
             .schema()
             .fields()

@@ -27,6 +27,7 @@ fn build(py: Python<'_>, error: &Error) -> PyResult<PyErr> {
         Error::InvalidPopulation { .. } => "InvalidPopulationError",
         Error::InvalidArgument(_) => "InvalidArgumentError",
         Error::Source(_) => "SourceError",
+        Error::NotFound(_) => "NotFoundError",
         Error::Arrow(_) => "DatasetRTError",
     };
     let instance = class(py, name)?.call1((message,))?;

@@ -5,6 +5,7 @@
 mod arrow;
 mod dataset;
 mod errors;
+mod service;
 mod writer;
 
 use std::path::PathBuf;
@@ -91,6 +92,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::BatchStream>()?;
     m.add_class::<dataset::SampleIterator>()?;
     m.add_class::<arrow::ArrowTable>()?;
+    m.add_class::<service::DatasetService>()?;
     m.add_function(wrap_pyfunction!(writer::write_cache, m)?)?;
     m.add_function(wrap_pyfunction!(writer::validate_source_name_py, m)?)?;
     m.add_function(wrap_pyfunction!(check_cache, m)?)?;

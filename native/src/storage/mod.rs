@@ -12,7 +12,7 @@ mod cache;
 mod codec;
 mod index;
 mod manifest;
-mod publish;
+pub(crate) mod publish;
 mod schema;
 mod writer;
 

@@ -14,7 +14,7 @@ mod pool;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchReader};
@@ -61,6 +61,13 @@ impl StreamOptions {
 
 type Slot = (u64, Result<RecordBatch>);
 
+/// Rows and bytes handed to consumers, shared by the streams of one service.
+#[derive(Debug, Default)]
+pub struct StreamCounters {
+    pub rows: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
 pub struct EpochStream {
     ctx: Arc<BatchContext>,
     pool: Arc<WorkerPool>,
@@ -77,6 +84,7 @@ pub struct EpochStream {
     receiver: Receiver<Slot>,
     cancelled: Arc<AtomicBool>,
     finished: bool,
+    counters: Option<Arc<StreamCounters>>,
 }
 
 impl EpochStream {
@@ -97,7 +105,14 @@ impl EpochStream {
             receiver,
             cancelled: Arc::new(AtomicBool::new(false)),
             finished: false,
+            counters: None,
         })
+    }
+
+    /// Count the rows and bytes this stream delivers into `counters`.
+    pub fn with_counters(mut self, counters: Arc<StreamCounters>) -> Self {
+        self.counters = Some(counters);
+        self
     }
 
     pub fn schema(&self) -> SchemaRef {
@@ -136,6 +151,14 @@ impl EpochStream {
                 if let Err(e) = self.fill() {
                     self.finished = true;
                     return Some(Err(e));
+                }
+                if let (Some(counters), Ok(batch)) = (&self.counters, &result) {
+                    counters
+                        .rows
+                        .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                    counters
+                        .bytes
+                        .fetch_add(batch.get_array_memory_size() as u64, Ordering::Relaxed);
                 }
                 return Some(result);
             }

@@ -1,0 +1,265 @@
+"""`DatasetClient`: metadata round trips, epoch partitions, resume and failover.
+
+Everything here is plain ``pyarrow.flight`` (see docs/flight-protocol.md); the
+client adds ergonomics: Polars in and out, per-sample iteration, and resuming a
+broken stream on the next location with the offset it has reached, so the
+delivered sequence is the same as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.flight as flight
+
+# Statuses after which another location (or the same one, later) can serve the
+# ticket. INVALID_ARGUMENT, NOT_FOUND and auth errors are final.
+RETRYABLE = (flight.FlightUnavailableError, flight.FlightTimedOutError, flight.FlightInternalError)
+
+
+class EveryLocationFailedError(ConnectionError):
+    """No location could serve a stream within the retry budget."""
+
+
+class EpochSample(NamedTuple):
+    cache_id: int
+    sample_id: int
+    payload: bytes
+    metadata: dict[str, Any]
+    position: int
+
+
+class DatasetClient:
+    """A client of one DatasetRT Flight service (one location or several replicas).
+
+    ``location`` is a URI (``grpc://host:8815``, ``grpc+tls://...``) or a list of
+    replica URIs. ``token`` is a bearer token; ``tls_root_certs`` PEM bytes to
+    trust. ``retries`` bounds how many times each location is tried for one
+    stream, with exponential backoff from ``backoff`` up to ``max_backoff``
+    seconds.
+    """
+
+    def __init__(
+        self,
+        location: str | Sequence[str],
+        token: str | None = None,
+        tls_root_certs: bytes | None = None,
+        *,
+        retries: int = 3,
+        backoff: float = 0.1,
+        max_backoff: float = 2.0,
+    ) -> None:
+        self.locations = [location] if isinstance(location, str) else list(location)
+        if not self.locations:
+            raise ValueError("at least one location is required")
+        if retries < 1:
+            raise ValueError(f"retries must be >= 1, got {retries}")
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self._options = flight.FlightCallOptions(headers=headers)
+        self._tls_root_certs = tls_root_certs
+        self._clients: dict[str, flight.FlightClient] = {}
+        self._retries = retries
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+
+    def _client(self, location: str) -> flight.FlightClient:
+        if location not in self._clients:
+            kwargs: dict[str, Any] = {}
+            if self._tls_root_certs is not None:
+                kwargs["tls_root_certs"] = self._tls_root_certs
+            self._clients[location] = flight.connect(location, **kwargs)
+        return self._clients[location]
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """Run a unary call on the first location that answers."""
+        errors: list[str] = []
+        for location in self.locations:
+            try:
+                return getattr(self._client(location), method)(*args, options=self._options)
+            except RETRYABLE as error:
+                errors.append(f"{location}: {error}")
+        raise EveryLocationFailedError("; ".join(errors))
+
+    def _action(self, kind: str, body: dict[str, Any] | None = None) -> Any:
+        payload = json.dumps(body).encode() if body is not None else b""
+        results = list(self._call("do_action", flight.Action(kind, payload)))
+        return json.loads(results[0].body.to_pybytes())
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def __enter__(self) -> DatasetClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- datasets and populations ----------------------------------------------
+
+    def datasets(self) -> list[str]:
+        return [info.descriptor.path[0].decode() for info in self._call("list_flights")]
+
+    def health(self) -> dict[str, Any]:
+        return dict(self._action("health"))
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._action("stats"))
+
+    def populations(self, dataset: str) -> dict[str, Any]:
+        return dict(self._action("list_populations", {"dataset": dataset}))
+
+    def get_metadata(self, dataset: str, population: str | None = None) -> pl.DataFrame:
+        ticket: dict[str, Any] = {"dataset": dataset, "metadata": True}
+        if population is not None:
+            ticket["population"] = population
+        reader = self._call("do_get", flight.Ticket(json.dumps(ticket).encode()))
+        return pl.DataFrame(reader.read_all())
+
+    def update_metadata(self, dataset: str, table: Any, *, activate: bool = True) -> str:
+        """Validate and store ``table`` on the server; returns the population id."""
+        arrow = pa.table(table)
+        descriptor = flight.FlightDescriptor.for_command(
+            json.dumps({"dataset": dataset, "activate": activate})
+        )
+        writer, reader = self._call("do_put", descriptor, arrow.schema)
+        try:
+            writer.write_table(arrow)
+            writer.done_writing()
+            answer = reader.read()
+        finally:
+            writer.close()
+        return str(json.loads(answer.to_pybytes())["population"])
+
+    def set_epoch_len(self, dataset: str, epoch_len: int) -> int:
+        answer = self._action("set_epoch_len", {"dataset": dataset, "epoch_len": epoch_len})
+        return int(answer["epoch_len"])
+
+    # -- epochs -----------------------------------------------------------------
+
+    def epoch_info(
+        self,
+        dataset: str,
+        seed: int,
+        epoch: int,
+        *,
+        world_size: int = 1,
+        epoch_len: int | None = None,
+        shuffle: bool = True,
+        population: str | None = None,
+        columns: Sequence[str] = (),
+    ) -> flight.FlightInfo:
+        command: dict[str, Any] = {
+            "dataset": dataset,
+            "seed": seed,
+            "epoch": epoch,
+            "shuffle": shuffle,
+            "world_size": world_size,
+            "columns": list(columns),
+        }
+        if epoch_len is not None:
+            command["epoch_len"] = epoch_len
+        if population is not None:
+            command["population"] = population
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(command))
+        return self._call("get_flight_info", descriptor)
+
+    def epoch(
+        self,
+        dataset: str,
+        seed: int,
+        epoch: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        offset: int = 0,
+        columns: Sequence[str] = (),
+        batches: bool = False,
+        epoch_len: int | None = None,
+        shuffle: bool = True,
+        population: str | None = None,
+    ) -> Iterator[Any]:
+        """Rank ``rank``'s samples of ``epoch`` (record batches with ``batches=True``).
+
+        The population and epoch length are pinned when the iteration starts; a
+        stream broken by a lost server resumes on the next location from the
+        offset reached.
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
+        info = self.epoch_info(
+            dataset,
+            seed,
+            epoch,
+            world_size=world_size,
+            epoch_len=epoch_len,
+            shuffle=shuffle,
+            population=population,
+            columns=columns,
+        )
+        endpoint = info.endpoints[rank]
+        ticket = json.loads(endpoint.ticket.ticket)
+        ticket["offset"] = offset
+        locations = [
+            str(loc.uri.decode() if isinstance(loc.uri, bytes) else loc.uri)
+            for loc in endpoint.locations
+        ] or self.locations
+        # Spread ranks over the replicas: rank r starts at location r mod n.
+        start = rank % len(locations)
+        locations = locations[start:] + locations[:start]
+        stream = self.stream_ticket(ticket, locations)
+        return stream if batches else _samples(stream)
+
+    def stream_ticket(
+        self, ticket: dict[str, Any], locations: Sequence[str] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream a ticket, resuming on another location after a failure."""
+        locations = list(locations or self.locations)
+        delivered = 0
+        failures: list[str] = []
+        attempts = self._retries * len(locations)
+        for attempt in range(attempts):
+            location = locations[attempt % len(locations)]
+            resumed = dict(ticket, offset=int(ticket.get("offset", 0)) + delivered)
+            try:
+                reader = self._client(location).do_get(
+                    flight.Ticket(json.dumps(resumed).encode()), options=self._options
+                )
+                for chunk in reader:
+                    batch = chunk.data
+                    delivered += batch.num_rows
+                    yield batch
+                return
+            except RETRYABLE as error:
+                failures.append(f"{location}: {type(error).__name__}: {error}")
+                self._clients.pop(location, None)
+                if attempt + 1 < attempts:
+                    time.sleep(
+                        min(self._backoff * 2 ** (attempt // len(locations)), self._max_backoff)
+                    )
+        raise EveryLocationFailedError(
+            f"every location failed after {attempts} attempts: " + "; ".join(failures[-5:])
+        )
+
+
+def _samples(batches: Iterator[pa.RecordBatch]) -> Iterator[EpochSample]:
+    for batch in batches:
+        columns = batch.to_pydict()
+        names = [n for n in batch.schema.names if n not in _BASE]
+        for i in range(batch.num_rows):
+            yield EpochSample(
+                cache_id=columns["cache_id"][i],
+                sample_id=columns["sample_id"][i],
+                payload=columns["payload"][i],
+                metadata={name: columns[name][i] for name in names},
+                position=columns["position"][i],
+            )
+
+
+_BASE = ("position", "cache_id", "sample_id", "payload")

@@ -1,0 +1,74 @@
+"""The datasets a server serves, opened from cache directories."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import dataset_rt as drt
+from dataset_rt import _native
+from flight_server.errors import ProtocolError
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """``NAME=CACHE_DIR[,CACHE_DIR...]`` from the command line."""
+
+    name: str
+    caches: tuple[Path, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> DatasetSpec:
+        name, sep, dirs = text.partition("=")
+        paths = tuple(Path(d) for d in dirs.split(",") if d)
+        if not sep or not name or not paths:
+            raise ValueError(
+                f"--dataset {text!r} is malformed; expected NAME=CACHE_DIR[,CACHE_DIR...]"
+            )
+        _native.validate_source_name(name)
+        return cls(name, paths)
+
+
+class Catalog:
+    """Dataset name -> native `DatasetService` (populations, streams, statistics)."""
+
+    def __init__(
+        self,
+        specs: list[DatasetSpec],
+        state_dir: Path,
+        runtime: drt.DatasetRuntime,
+        *,
+        validate_cache: bool = False,
+    ) -> None:
+        if not specs:
+            raise ValueError("a server needs at least one dataset")
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"dataset names must be unique, got {names}")
+        self.runtime = runtime
+        self._services = {
+            spec.name: _native.DatasetService(
+                runtime._native,
+                spec.name,
+                [str(p) for p in spec.caches],
+                str(state_dir),
+                validate_cache=validate_cache,
+            )
+            for spec in specs
+        }
+
+    def names(self) -> list[str]:
+        return list(self._services)
+
+    def get(self, name: str) -> _native.DatasetService:
+        try:
+            return self._services[name]
+        except KeyError:
+            raise drt.NotFoundError(
+                f"unknown dataset {name!r}; this server serves {sorted(self._services)}"
+            ) from None
+
+    def require(self, name: str | None) -> _native.DatasetService:
+        if name is None:
+            raise ProtocolError("the key 'dataset' is required")
+        return self.get(name)

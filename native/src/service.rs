@@ -1,0 +1,210 @@
+//! `DatasetService`: one dataset as the Flight server serves it.
+//!
+//! Everything a ticket names is resolved here: the pinned population (loaded
+//! from the content-addressed store and validated against the caches), the
+//! epoch window, the rank partition and the resume offset. Replicas share the
+//! store directory, so any replica resolves any ticket to the same stream.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow_array::RecordBatch;
+
+use crate::error::{Error, Result};
+use crate::population::{ActivePopulation, Population, PopulationStore};
+use crate::sampling::{StreamOrder, StreamWindow};
+use crate::storage::CacheSet;
+use crate::stream::{BatchContext, EpochStream, StreamCounters, StreamOptions, WorkerPool};
+
+/// Populations kept in memory (each also lives in the store).
+const LOADED_POPULATIONS: usize = 8;
+
+/// Recently used populations by id, with their use order (oldest first).
+type LoadedPopulations = (HashMap<String, Arc<Population>>, VecDeque<String>);
+
+/// What a stream request names (all resolved to concrete values).
+#[derive(Debug, Clone)]
+pub struct StreamRequest {
+    pub population: String,
+    pub seed: u64,
+    pub shuffle: bool,
+    pub epoch: u64,
+    pub epoch_len: u64,
+    pub rank: u64,
+    pub world_size: u64,
+    pub offset: u64,
+    pub columns: Vec<String>,
+    pub batch_rows: usize,
+    pub prefetch_rows: usize,
+}
+
+impl StreamRequest {
+    /// The positions this request reads.
+    pub fn window(&self) -> Result<StreamWindow> {
+        if self.epoch_len == 0 {
+            return Err(Error::invalid("epoch_len must be >= 1"));
+        }
+        let start = self.epoch.checked_mul(self.epoch_len).ok_or_else(|| {
+            Error::invalid(format!(
+                "epoch {} x epoch_len {} is past the end of the stream (2**64 positions)",
+                self.epoch, self.epoch_len
+            ))
+        })?;
+        StreamWindow::new(start, self.epoch_len, 1)?.partition(
+            self.rank,
+            self.world_size,
+            self.offset,
+        )
+    }
+}
+
+pub struct DatasetService {
+    name: String,
+    caches: Arc<CacheSet>,
+    store: PopulationStore,
+    loaded: Mutex<LoadedPopulations>,
+    counters: Arc<StreamCounters>,
+    streams: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServiceStats {
+    pub streams: u64,
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+impl DatasetService {
+    /// Open the caches and the population store; the first start stores the
+    /// caches' full table and makes it active.
+    pub fn open(name: &str, paths: &[PathBuf], state_dir: &Path, verify: bool) -> Result<Self> {
+        let caches = Arc::new(CacheSet::open(paths, verify)?);
+        let store = PopulationStore::open(&state_dir.join(name))?;
+        let service = DatasetService {
+            name: name.to_string(),
+            caches,
+            store,
+            loaded: Mutex::new((HashMap::new(), VecDeque::new())),
+            counters: Arc::new(StreamCounters::default()),
+            streams: AtomicU64::new(0),
+        };
+        if service.store.active()?.is_none() {
+            let full = Population::full(&service.caches)?;
+            let rows = full.num_rows() as u64;
+            let id = service.store.put(full.table())?;
+            service.remember(&id, Arc::new(full))?;
+            service.store.set_active(&ActivePopulation {
+                population: id,
+                epoch_len: rows,
+            })?;
+        }
+        Ok(service)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn caches(&self) -> &Arc<CacheSet> {
+        &self.caches
+    }
+
+    /// The active population and epoch length (read from the shared store, so
+    /// a change made through another replica is seen here).
+    pub fn active(&self) -> Result<ActivePopulation> {
+        self.store.active()?.ok_or_else(|| {
+            Error::NotFound(format!("dataset '{}' has no active population", self.name))
+        })
+    }
+
+    pub fn populations(&self) -> Result<Vec<String>> {
+        self.store.list()
+    }
+
+    /// The population `id`, loaded from the store and validated on first use.
+    pub fn population(&self, id: &str) -> Result<Arc<Population>> {
+        if let Some(found) = self.lock()?.0.get(id) {
+            return Ok(found.clone());
+        }
+        let table = self.store.load(id)?;
+        let population = Arc::new(Population::from_table(&self.caches, table)?);
+        self.remember(id, population.clone())?;
+        Ok(population)
+    }
+
+    /// Validate, store and (optionally) activate a table. Returns the id.
+    pub fn put(&self, table: RecordBatch, activate: bool) -> Result<(String, u64)> {
+        let population = Population::from_table(&self.caches, table)?;
+        let rows = population.num_rows() as u64;
+        let id = self.store.put(population.table())?;
+        self.remember(&id, Arc::new(population))?;
+        if activate {
+            self.store.set_active(&ActivePopulation {
+                population: id.clone(),
+                epoch_len: rows,
+            })?;
+        }
+        Ok((id, rows))
+    }
+
+    pub fn set_epoch_len(&self, epoch_len: u64) -> Result<ActivePopulation> {
+        if epoch_len == 0 {
+            return Err(Error::invalid("epoch_len must be >= 1"));
+        }
+        let mut active = self.active()?;
+        active.epoch_len = epoch_len;
+        self.store.set_active(&active)?;
+        Ok(active)
+    }
+
+    /// Open the stream a request names.
+    pub fn stream(&self, request: &StreamRequest, pool: Arc<WorkerPool>) -> Result<EpochStream> {
+        let window = request.window()?;
+        let population = self.population(&request.population)?;
+        let ctx = BatchContext::new(
+            self.caches.clone(),
+            population,
+            StreamOrder::new(request.shuffle, request.seed),
+            window,
+            &request.columns,
+        )?;
+        let options = StreamOptions {
+            batch_rows: request.batch_rows,
+            prefetch_rows: request.prefetch_rows,
+            ..StreamOptions::default()
+        };
+        let stream = EpochStream::new(ctx, pool, options)?.with_counters(self.counters.clone());
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        Ok(stream)
+    }
+
+    pub fn stats(&self) -> ServiceStats {
+        ServiceStats {
+            streams: self.streams.load(Ordering::Relaxed),
+            rows: self.counters.rows.load(Ordering::Relaxed),
+            bytes: self.counters.bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, LoadedPopulations>> {
+        self.loaded
+            .lock()
+            .map_err(|_| Error::invalid("the population cache's lock is poisoned"))
+    }
+
+    fn remember(&self, id: &str, population: Arc<Population>) -> Result<()> {
+        let mut guard = self.lock()?;
+        let (map, order) = &mut *guard;
+        if map.insert(id.to_string(), population).is_none() {
+            order.push_back(id.to_string());
+        }
+        while order.len() > LOADED_POPULATIONS {
+            if let Some(old) = order.pop_front() {
+                map.remove(&old);
+            }
+        }
+        Ok(())
+    }
+}
