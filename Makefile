@@ -1,5 +1,5 @@
 # One command runner for developers, the pre-commit habit and .ci/run.
-.PHONY: develop test test-rust test-python lint fmt bench demo ci
+.PHONY: develop test test-rust test-python lint fmt bench demo serve
 
 # Rebuild the extension in place (incremental release build) for a fast loop.
 develop:
@@ -34,3 +34,6 @@ bench:
 
 demo:
 	uv run python -m dataset_rt
+
+serve:
+	uv run python -m flight_server
