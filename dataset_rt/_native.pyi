@@ -114,6 +114,19 @@ class DatasetService:
         batch_size: int = 1024,
         prefetch_size: int = 256,
     ) -> BatchStream: ...
+    def schema(
+        self,
+        *,
+        population: str | None,
+        seed: int,
+        shuffle: bool,
+        epoch: int,
+        epoch_len: int | None,
+        rank: int,
+        world_size: int,
+        offset: int,
+        columns: list[str],
+    ) -> ArrowTable: ...
     def stats(self) -> dict[str, int]: ...
 
 def validate_source_name(name: str) -> None: ...

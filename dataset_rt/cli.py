@@ -60,6 +60,37 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_sources(spec: str) -> list[object]:
+    """``module:attr`` -> the sources it names (an instance, a class, a factory or a list)."""
+    import importlib
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"source {spec!r} is malformed; expected MODULE:ATTRIBUTE")
+    target: object = importlib.import_module(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    if isinstance(target, type) or (callable(target) and not hasattr(target, "__iter__")):
+        target = target()
+    return list(target) if isinstance(target, (list, tuple)) else [target]
+
+
+def _write(args: argparse.Namespace) -> int:
+    import dataset_rt as drt
+
+    sys.path.insert(0, str(Path.cwd()))
+    runtime = drt.DatasetRuntime(num_workers=args.num_workers)
+    results = runtime.ensure_caches(_load_sources(args.source), args.base_dir)  # type: ignore[arg-type]
+    failed = False
+    for result in results:
+        if isinstance(result, drt.CacheWriteSuccess):
+            print(f"ok: {result.source_name} -> {result.path}")
+        else:
+            failed = True
+            print(f"error: {result.source_name}: {result.message}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 class _DemoSource:
     """Twelve records: nine of label 0, three of label 1."""
 
@@ -117,6 +148,15 @@ def _parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help=verify_help, description=verify_help)
     verify.add_argument("cache", type=Path, help="a cache directory")
     verify.set_defaults(run=_verify)
+    write_help = (
+        "write (or reuse) the caches of MODULE:ATTRIBUTE (a source, a source class, a "
+        "factory or a list of sources) under BASE_DIR"
+    )
+    write = commands.add_parser("write", help=write_help, description=write_help)
+    write.add_argument("source", help="MODULE:ATTRIBUTE, importable from the current directory")
+    write.add_argument("base_dir", type=Path, help="where the cache directories go")
+    write.add_argument("--num-workers", type=int, default=2, help="Rust worker threads")
+    write.set_defaults(run=_write)
     demo_help = "write a demo cache (or reuse it), reweight it with Polars, read a balanced epoch"
     demo = commands.add_parser("demo", help=demo_help, description=demo_help)
     demo.add_argument(
@@ -133,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(["demo"])
     try:
         return int(args.run(args))
-    except DatasetRTError as error:
+    except (DatasetRTError, ValueError, ImportError, AttributeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
 

@@ -81,6 +81,21 @@ class DatasetRuntime:
         """
         return self._write_sources(sources, Path(base_dir), writer_config, reuse=False)
 
+    def ensure_caches(
+        self,
+        sources: CacheSource | Sequence[CacheSource],
+        base_dir: str | Path,
+        *,
+        writer_config: WriterConfig = DEFAULT_WRITER_CONFIG,
+    ) -> list[CacheWriteResult]:
+        """Reuse the complete caches under ``base_dir`` and write the missing ones.
+
+        Like `from_cache_sources` without opening a dataset: one result per source,
+        in order. A source whose cache exists is not iterated; a damaged existing
+        cache is reported as a `CacheWriteError` (never used, never deleted).
+        """
+        return self._write_sources(sources, Path(base_dir), writer_config, reuse=True)
+
     def cached_dataset(
         self, paths: Sequence[str | Path], *, reader_config: ReaderConfig
     ) -> CachedDataset:
@@ -109,7 +124,7 @@ class DatasetRuntime:
         `CacheSourcesDatasetSuccess` when at least one cache is usable (check
         ``results`` for the others) and `CacheSourcesDatasetError` otherwise.
         """
-        results = self._write_sources(sources, Path(base_dir), writer_config, reuse=True)
+        results = self.ensure_caches(sources, base_dir, writer_config=writer_config)
         paths = [r.path for r in results if isinstance(r, CacheWriteSuccess)]
         if not paths:
             failures = "; ".join(

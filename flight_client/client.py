@@ -75,19 +75,25 @@ class DatasetClient:
             self._clients[location] = flight.connect(location, **kwargs)
         return self._clients[location]
 
-    def _call(self, method: str, *args: Any) -> Any:
-        """Run a unary call on the first location that answers."""
+    def _call(self, method: str, *args: Any, lazy: bool = False) -> Any:
+        """Run a call on the first location that answers.
+
+        ``lazy`` results (``list_flights``, ``do_action``) are iterators that fail
+        only when read, so they are read here, inside the failover loop.
+        """
         errors: list[str] = []
         for location in self.locations:
             try:
-                return getattr(self._client(location), method)(*args, options=self._options)
+                result = getattr(self._client(location), method)(*args, options=self._options)
+                return list(result) if lazy else result
             except RETRYABLE as error:
-                errors.append(f"{location}: {error}")
-        raise EveryLocationFailedError("; ".join(errors))
+                errors.append(f"{location}: {type(error).__name__}: {error}")
+                self._clients.pop(location, None)
+        raise EveryLocationFailedError("every location failed: " + "; ".join(errors))
 
     def _action(self, kind: str, body: dict[str, Any] | None = None) -> Any:
         payload = json.dumps(body).encode() if body is not None else b""
-        results = list(self._call("do_action", flight.Action(kind, payload)))
+        results = self._call("do_action", flight.Action(kind, payload), lazy=True)
         return json.loads(results[0].body.to_pybytes())
 
     def close(self) -> None:
@@ -104,7 +110,8 @@ class DatasetClient:
     # -- datasets and populations ----------------------------------------------
 
     def datasets(self) -> list[str]:
-        return [info.descriptor.path[0].decode() for info in self._call("list_flights")]
+        infos = self._call("list_flights", lazy=True)
+        return [info.descriptor.path[0].decode() for info in infos]
 
     def health(self) -> dict[str, Any]:
         return dict(self._action("health"))
@@ -206,10 +213,12 @@ class DatasetClient:
         endpoint = info.endpoints[rank]
         ticket = json.loads(endpoint.ticket.ticket)
         ticket["offset"] = offset
-        locations = [
-            str(loc.uri.decode() if isinstance(loc.uri, bytes) else loc.uri)
+        advertised = [
+            loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
             for loc in endpoint.locations
-        ] or self.locations
+        ]
+        # The endpoint's replicas first, then the client's own locations.
+        locations = list(dict.fromkeys(advertised + self.locations))
         # Spread ranks over the replicas: rank r starts at location r mod n.
         start = rank % len(locations)
         locations = locations[start:] + locations[:start]

@@ -40,11 +40,11 @@ class _Fields:
 
     def _get(self, key: str, required: bool) -> Any:
         self._read.add(key)
-        if key not in self._value:
-            if required:
-                raise ProtocolError(f"the {self._what} is missing the key '{key}'")
-            return None
-        return self._value[key]
+        if required and key not in self._value:
+            raise ProtocolError(f"the {self._what} is missing the key '{key}'")
+        if required and self._value[key] is None:
+            raise ProtocolError(f"'{key}' must not be null in the {self._what}")
+        return self._value.get(key)
 
     def string(self, key: str, *, required: bool = False) -> str | None:
         value = self._get(key, required)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -84,9 +84,9 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     # -- discovery --------------------------------------------------------------
 
     @_flight_errors
-    def list_flights(self, context: Any, criteria: bytes) -> Iterator[flight.FlightInfo]:
-        for name in self._catalog.names():
-            yield self._dataset_info(name)
+    def list_flights(self, context: Any, criteria: bytes) -> list[flight.FlightInfo]:
+        # A list, not a generator: errors must be raised inside the error mapping.
+        return [self._dataset_info(name) for name in self._catalog.names()]
 
     @_flight_errors
     def get_flight_info(
@@ -156,9 +156,20 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
 
     def _schema(self, command: StreamCommand) -> pa.Schema:
         """The stream schema, checking on the way that the request can be served."""
-        empty = StreamTicket.from_command(command, rank=0)
-        empty = replace(empty, offset=command.epoch_len or 0)
-        return pa.RecordBatchReader.from_stream(self._native_stream(empty)).schema
+        ticket = StreamTicket.from_command(command, rank=0)
+        service = self._catalog.get(ticket.dataset)
+        empty = service.schema(
+            population=ticket.population,
+            seed=ticket.seed,
+            shuffle=ticket.shuffle,
+            epoch=ticket.epoch,
+            epoch_len=ticket.epoch_len,
+            rank=ticket.rank,
+            world_size=ticket.world_size,
+            offset=ticket.offset,
+            columns=list(ticket.columns),
+        )
+        return pa.table(empty).schema
 
     # -- data -------------------------------------------------------------------
 
@@ -201,7 +212,8 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         return list(ACTIONS.items())
 
     @_flight_errors
-    def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
+    def do_action(self, context: Any, action: flight.Action) -> list[bytes]:
+        # A list, not a generator: errors must be raised inside the error mapping.
         body = action.body.to_pybytes() if action.body is not None else b""
         match action.type:
             case "set_epoch_len":
@@ -231,4 +243,4 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                     }
             case other:
                 raise ProtocolError(f"unknown action {other!r}; the actions are {sorted(ACTIONS)}")
-        yield json.dumps(answer).encode()
+        return [json.dumps(answer).encode()]

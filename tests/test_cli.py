@@ -112,7 +112,7 @@ def test_a_missing_path_is_a_clear_error(tmp_path: Path, command: str) -> None:
     result = run(command, str(missing))
     assert result.returncode != 0
     assert str(missing) in result.stderr
-    assert "not a directory" in result.stderr
+    assert "does not exist" in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
 

@@ -231,7 +231,7 @@ def test_a_missing_file_is_detected_at_open(
 
 
 def test_a_missing_directory_is_a_clear_error(runtime: drt.DatasetRuntime, tmp_path: Path) -> None:
-    with pytest.raises(drt.CorruptCacheError, match="not a directory"):
+    with pytest.raises(drt.NotFoundError, match="does not exist"):
         runtime.cached_dataset([tmp_path / "absent"], reader_config=LAX)
     (tmp_path / "file").write_text("x")
     with pytest.raises(drt.CorruptCacheError, match="not a directory"):

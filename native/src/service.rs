@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use arrow_array::RecordBatch;
 
 use crate::error::{Error, Result};
-use crate::population::{ActivePopulation, Population, PopulationStore};
+use crate::population::{canonical, ActivePopulation, Population, PopulationStore};
 use crate::sampling::{StreamOrder, StreamWindow};
 use crate::storage::CacheSet;
 use crate::stream::{BatchContext, EpochStream, StreamCounters, StreamOptions, WorkerPool};
@@ -81,7 +81,16 @@ impl DatasetService {
     /// caches' full table and makes it active.
     pub fn open(name: &str, paths: &[PathBuf], state_dir: &Path, verify: bool) -> Result<Self> {
         let caches = Arc::new(CacheSet::open(paths, verify)?);
-        let store = PopulationStore::open(&state_dir.join(name))?;
+        // Populations name (cache_id, sample_id) pairs, so the store belongs to
+        // one set of caches: rebuilt caches get a fresh store of their own.
+        let mut key = xxhash_rust::xxh3::Xxh3::new();
+        for cache in caches.caches() {
+            key.update(&cache.cache_id().to_le_bytes());
+        }
+        let store_dir = state_dir
+            .join(name)
+            .join(format!("caches-{:016x}", key.digest()));
+        let store = PopulationStore::open(&store_dir)?;
         let service = DatasetService {
             name: name.to_string(),
             caches,
@@ -92,6 +101,7 @@ impl DatasetService {
         };
         if service.store.active()?.is_none() {
             let full = Population::full(&service.caches)?;
+            let full = Population::from_table(&service.caches, canonical(full.table())?)?;
             let rows = full.num_rows() as u64;
             let id = service.store.put(full.table())?;
             service.remember(&id, Arc::new(full))?;
@@ -136,7 +146,7 @@ impl DatasetService {
 
     /// Validate, store and (optionally) activate a table. Returns the id.
     pub fn put(&self, table: RecordBatch, activate: bool) -> Result<(String, u64)> {
-        let population = Population::from_table(&self.caches, table)?;
+        let population = Population::from_table(&self.caches, canonical(&table)?)?;
         let rows = population.num_rows() as u64;
         let id = self.store.put(population.table())?;
         self.remember(&id, Arc::new(population))?;
@@ -159,17 +169,27 @@ impl DatasetService {
         Ok(active)
     }
 
-    /// Open the stream a request names.
-    pub fn stream(&self, request: &StreamRequest, pool: Arc<WorkerPool>) -> Result<EpochStream> {
+    fn context(&self, request: &StreamRequest) -> Result<BatchContext> {
         let window = request.window()?;
         let population = self.population(&request.population)?;
-        let ctx = BatchContext::new(
+        BatchContext::new(
             self.caches.clone(),
             population,
             StreamOrder::new(request.shuffle, request.seed),
             window,
             &request.columns,
-        )?;
+        )
+    }
+
+    /// Check that a request can be served and return its stream's schema,
+    /// without opening (or counting) a stream.
+    pub fn check(&self, request: &StreamRequest) -> Result<arrow_schema::SchemaRef> {
+        Ok(self.context(request)?.schema)
+    }
+
+    /// Open the stream a request names.
+    pub fn stream(&self, request: &StreamRequest, pool: Arc<WorkerPool>) -> Result<EpochStream> {
+        let ctx = self.context(request)?;
         let options = StreamOptions {
             batch_rows: request.batch_rows,
             prefetch_rows: request.prefetch_rows,

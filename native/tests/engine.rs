@@ -212,6 +212,7 @@ fn ranks_cover_an_epoch_and_prefetch_never_changes_the_stream() {
         batch_rows: 3,
         max_batch_bytes: 16,
         prefetch_rows: 1,
+        max_in_flight_bytes: 1,
     };
     assert_eq!(full, read_ids(&set, &population, order, epoch, &pool, tiny));
     let mut merged: Vec<(u64, u64, u64)> = (0..4)

@@ -14,9 +14,12 @@ use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::sync::Arc;
+
 use arrow_array::RecordBatch;
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::StreamWriter;
+use arrow_schema::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -31,6 +34,35 @@ const ACTIVE: &str = "active.json";
 pub struct ActivePopulation {
     pub population: String,
     pub epoch_len: u64,
+}
+
+/// The representation a population is stored and named in, so that the same
+/// logical table gets the same id whichever client encoded it: every string
+/// column (view, large or dictionary-encoded) as plain Utf8, every field
+/// nullable, no schema metadata.
+pub fn canonical(table: &RecordBatch) -> Result<RecordBatch> {
+    let mut fields = Vec::with_capacity(table.num_columns());
+    let mut columns = Vec::with_capacity(table.num_columns());
+    for (field, column) in table.schema().fields().iter().zip(table.columns()) {
+        let is_string =
+            |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+        let target = match field.data_type() {
+            DataType::LargeUtf8 | DataType::Utf8View => DataType::Utf8,
+            DataType::Dictionary(_, value) if is_string(value) => DataType::Utf8,
+            other => other.clone(),
+        };
+        let column = if &target == column.data_type() {
+            column.clone()
+        } else {
+            arrow_cast::cast(column, &target)?
+        };
+        fields.push(Field::new(field.name(), target, true));
+        columns.push(column);
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
 }
 
 pub struct PopulationStore {
@@ -66,8 +98,10 @@ impl PopulationStore {
         self.dir.join(POPULATIONS).join(format!("{id}.arrow"))
     }
 
-    /// Store `table` (if it is not stored yet) and return its id.
+    /// Store `table` (if it is not stored yet) and return its id. The table
+    /// should be `canonical` already (it is made so again here).
     pub fn put(&self, table: &RecordBatch) -> Result<String> {
+        let table = &canonical(table)?;
         let mut bytes = Vec::new();
         {
             let mut writer = StreamWriter::try_new(&mut bytes, &table.schema())?;
@@ -165,8 +199,6 @@ impl PopulationStore {
 mod tests {
     use super::*;
     use arrow_array::{Float64Array, UInt64Array};
-    use arrow_schema::{DataType, Field, Schema};
-    use std::sync::Arc;
 
     fn table(weight: f64) -> RecordBatch {
         let schema = Arc::new(Schema::new(vec![
@@ -191,7 +223,7 @@ mod tests {
         assert_eq!(a, store.put(&table(1.0)).unwrap());
         let b = store.put(&table(2.0)).unwrap();
         assert_ne!(a, b);
-        assert_eq!(store.load(&a).unwrap(), table(1.0));
+        assert_eq!(store.load(&a).unwrap(), canonical(&table(1.0)).unwrap());
         assert_eq!(store.list().unwrap().len(), 2);
         assert!(matches!(
             store.load(&"0".repeat(32)),

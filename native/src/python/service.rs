@@ -22,14 +22,40 @@ pub struct DatasetService {
     pool: Arc<WorkerPool>,
 }
 
-fn unsigned(name: &str, value: i64) -> PyResult<u64> {
-    if value < 0 {
-        return Err(Error::invalid(format!(
-            "'{name}' must be >= 0, got {value}"
-        )))
+#[allow(clippy::too_many_arguments)]
+fn request(
+    population: String,
+    seed: u64,
+    shuffle: bool,
+    epoch: u64,
+    epoch_len: u64,
+    rank: u64,
+    world_size: u64,
+    offset: u64,
+    columns: Vec<String>,
+    batch_size: usize,
+    prefetch_size: usize,
+) -> PyResult<StreamRequest> {
+    check_population_id(&population).py()?;
+    if batch_size < 1 || prefetch_size < 1 {
+        return Err(Error::invalid(
+            "'batch_size' and 'prefetch_size' must be >= 1",
+        ))
         .py();
     }
-    Ok(value as u64)
+    Ok(StreamRequest {
+        population,
+        seed,
+        shuffle,
+        epoch,
+        epoch_len,
+        rank,
+        world_size,
+        offset,
+        columns,
+        batch_rows: batch_size,
+        prefetch_rows: prefetch_size,
+    })
 }
 
 #[pymethods]
@@ -146,39 +172,55 @@ impl DatasetService {
         population: String,
         seed: u64,
         shuffle: bool,
-        epoch: i64,
-        epoch_len: i64,
-        rank: i64,
-        world_size: i64,
-        offset: i64,
+        epoch: u64,
+        epoch_len: u64,
+        rank: u64,
+        world_size: u64,
+        offset: u64,
         columns: Vec<String>,
-        batch_size: i64,
-        prefetch_size: i64,
+        batch_size: usize,
+        prefetch_size: usize,
     ) -> PyResult<BatchStream> {
-        check_population_id(&population).py()?;
-        if batch_size < 1 || prefetch_size < 1 {
-            return Err(Error::invalid(
-                "'batch_size' and 'prefetch_size' must be >= 1",
-            ))
-            .py();
-        }
-        let request = StreamRequest {
+        let request = request(
             population,
             seed,
             shuffle,
-            epoch: unsigned("epoch", epoch)?,
-            epoch_len: unsigned("epoch_len", epoch_len)?,
-            rank: unsigned("rank", rank)?,
-            world_size: unsigned("world_size", world_size)?,
-            offset: unsigned("offset", offset)?,
+            epoch,
+            epoch_len,
+            rank,
+            world_size,
+            offset,
             columns,
-            batch_rows: batch_size as usize,
-            prefetch_rows: prefetch_size as usize,
-        };
+            batch_size,
+            prefetch_size,
+        )?;
         let stream = py
             .detach(|| self.inner.stream(&request, self.pool.clone()))
             .py()?;
         Ok(BatchStream::new(stream))
+    }
+
+    /// The schema of the stream a ticket names (checking that it can be served).
+    #[pyo3(signature = (*, population, seed, shuffle, epoch, epoch_len, rank, world_size, offset, columns))]
+    #[allow(clippy::too_many_arguments)]
+    fn schema(
+        &self,
+        py: Python<'_>,
+        population: String,
+        seed: u64,
+        shuffle: bool,
+        epoch: u64,
+        epoch_len: u64,
+        rank: u64,
+        world_size: u64,
+        offset: u64,
+        columns: Vec<String>,
+    ) -> PyResult<ArrowTable> {
+        let request = request(
+            population, seed, shuffle, epoch, epoch_len, rank, world_size, offset, columns, 1, 1,
+        )?;
+        let schema = py.detach(|| self.inner.check(&request)).py()?;
+        Ok(ArrowTable::new(RecordBatch::new_empty(schema)))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

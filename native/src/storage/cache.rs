@@ -26,8 +26,15 @@ pub struct Cache {
     /// `sample_id` plus the stored metadata columns, one row per record.
     metadata: RecordBatch,
     shards: Vec<Option<Mmap>>,
+    /// The same shards as files, for positioned reads of large records.
+    files: Vec<File>,
     shard_paths: Vec<PathBuf>,
 }
+
+/// Records at least this large are read with `pread` rather than through the
+/// memory map: one copy either way, but mapped pages would stay resident in
+/// this process and count against its memory.
+const PREAD_THRESHOLD: u64 = 256 << 10;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyReport {
@@ -40,6 +47,12 @@ impl Cache {
     /// Open `dir`, checking its structure and the small files' checksums. With
     /// `verify_shards`, every shard's full checksum is verified too.
     pub fn open(dir: &Path, verify_shards: bool) -> Result<Self> {
+        if !dir.exists() {
+            return Err(Error::NotFound(format!(
+                "cache directory {} does not exist; check the path, or write the cache first",
+                dir.display()
+            )));
+        }
         if !dir.is_dir() {
             return Err(Error::corrupt(
                 dir,
@@ -71,6 +84,7 @@ impl Cache {
         let metadata = read_metadata(dir, &manifest)?;
         let mut shards = Vec::with_capacity(manifest.shards.len());
         let mut shard_paths = Vec::with_capacity(manifest.shards.len());
+        let mut files = Vec::with_capacity(manifest.shards.len());
         for entry in &manifest.shards {
             let path = dir.join(&entry.file);
             let file = File::open(&path).map_err(|e| {
@@ -98,6 +112,7 @@ impl Cache {
                 check_digest(&path, &entry.xxh3, &digest)?;
             }
             shards.push(map);
+            files.push(file);
             shard_paths.push(path);
         }
         check_index_bounds(&index_path, &index, &manifest.shards)?;
@@ -107,6 +122,7 @@ impl Cache {
             index,
             metadata,
             shards,
+            files,
             shard_paths,
         })
     }
@@ -155,7 +171,46 @@ impl Cache {
                 self.manifest.cache_id, self.manifest.record_count
             ))
         })?;
+        if entry.stored_len >= PREAD_THRESHOLD {
+            return self.pread_into(sample_id, entry, out);
+        }
         let stored = self.stored_bytes(entry);
+        self.check_record(sample_id, entry, stored)?;
+        if entry.codec == super::Codec::None && stored.len() as u64 == entry.raw_len {
+            out.extend_from_slice(stored);
+            return Ok(());
+        }
+        self.decode_record(sample_id, entry, stored, out)
+    }
+
+    /// Read a large record with one positioned read into `out`.
+    fn pread_into(&self, sample_id: u64, entry: &IndexEntry, out: &mut Vec<u8>) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let shard = entry.shard as usize;
+        let read_error = |e: std::io::Error| {
+            Error::corrupt(&self.shard_paths[shard], format!("record {sample_id}: {e}"))
+        };
+        let start = out.len();
+        if entry.codec == super::Codec::None && entry.stored_len == entry.raw_len {
+            out.resize(start + entry.raw_len as usize, 0);
+            let checked = self.files[shard]
+                .read_exact_at(&mut out[start..], entry.offset)
+                .map_err(read_error)
+                .and_then(|()| self.check_record(sample_id, entry, &out[start..]));
+            if checked.is_err() {
+                out.truncate(start);
+            }
+            return checked;
+        }
+        let mut stored = vec![0u8; entry.stored_len as usize];
+        self.files[shard]
+            .read_exact_at(&mut stored, entry.offset)
+            .map_err(read_error)?;
+        self.check_record(sample_id, entry, &stored)?;
+        self.decode_record(sample_id, entry, &stored, out)
+    }
+
+    fn check_record(&self, sample_id: u64, entry: &IndexEntry, stored: &[u8]) -> Result<()> {
         let computed = xxh3_64(stored);
         if computed != entry.checksum {
             return Err(Error::corrupt(
@@ -167,10 +222,16 @@ impl Cache {
                 ),
             ));
         }
-        if entry.codec == super::Codec::None && stored.len() as u64 == entry.raw_len {
-            out.extend_from_slice(stored);
-            return Ok(());
-        }
+        Ok(())
+    }
+
+    fn decode_record(
+        &self,
+        sample_id: u64,
+        entry: &IndexEntry,
+        stored: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         let start = out.len();
         out.resize(start + entry.raw_len as usize, 0);
         decode_into(entry.codec, stored, &mut out[start..]).map_err(|detail| {

@@ -36,6 +36,9 @@ pub struct StreamOptions {
     pub max_batch_bytes: u64,
     /// Rows decoded ahead of the consumer.
     pub prefetch_rows: usize,
+    /// Payload bytes in flight, whatever the row budget says (at least one
+    /// batch is always in flight).
+    pub max_in_flight_bytes: u64,
 }
 
 impl Default for StreamOptions {
@@ -44,13 +47,18 @@ impl Default for StreamOptions {
             batch_rows: 1024,
             max_batch_bytes: 4 << 20,
             prefetch_rows: 64,
+            max_in_flight_bytes: 64 << 20,
         }
     }
 }
 
 impl StreamOptions {
     pub fn validate(&self) -> Result<()> {
-        if self.batch_rows == 0 || self.max_batch_bytes == 0 || self.prefetch_rows == 0 {
+        if self.batch_rows == 0
+            || self.max_batch_bytes == 0
+            || self.prefetch_rows == 0
+            || self.max_in_flight_bytes == 0
+        {
             return Err(Error::invalid(
                 "batch_size, max_batch_bytes and prefetch_size must all be >= 1",
             ));
@@ -76,9 +84,10 @@ pub struct EpochStream {
     planned: u64,
     next_submit: u64,
     next_emit: u64,
-    /// Rows of each in-flight batch, in sequence order.
-    in_flight: VecDeque<usize>,
+    /// Rows and payload bytes of each in-flight batch, in sequence order.
+    in_flight: VecDeque<(usize, u64)>,
     in_flight_rows: usize,
+    in_flight_bytes: u64,
     pending: BTreeMap<u64, Result<RecordBatch>>,
     sender: Sender<Slot>,
     receiver: Receiver<Slot>,
@@ -100,6 +109,7 @@ impl EpochStream {
             next_emit: 0,
             in_flight: VecDeque::new(),
             in_flight_rows: 0,
+            in_flight_bytes: 0,
             pending: BTreeMap::new(),
             sender,
             receiver,
@@ -141,8 +151,9 @@ impl EpochStream {
         loop {
             if let Some(result) = self.pending.remove(&self.next_emit) {
                 self.next_emit += 1;
-                let rows = self.in_flight.pop_front().unwrap_or(0);
+                let (rows, bytes) = self.in_flight.pop_front().unwrap_or((0, 0));
                 self.in_flight_rows -= rows;
+                self.in_flight_bytes -= bytes;
                 if result.is_err() {
                     self.finished = true;
                     self.cancelled.store(true, Ordering::Relaxed);
@@ -181,8 +192,10 @@ impl EpochStream {
         // prefetch budget: memory stays bounded by max(prefetch, workers x batch).
         let min_batches = self.pool.size();
         while self.planned < count
-            && (self.in_flight_rows < self.options.prefetch_rows
-                || self.in_flight.len() < min_batches)
+            && (self.in_flight.is_empty()
+                || ((self.in_flight_rows < self.options.prefetch_rows
+                    || self.in_flight.len() < min_batches)
+                    && self.in_flight_bytes < self.options.max_in_flight_bytes))
         {
             let first = self.planned;
             let mut rows: Vec<u32> = Vec::new();
@@ -199,8 +212,9 @@ impl EpochStream {
             }
             let seq = self.next_submit;
             self.next_submit += 1;
-            self.in_flight.push_back(rows.len());
+            self.in_flight.push_back((rows.len(), bytes));
             self.in_flight_rows += rows.len();
+            self.in_flight_bytes += bytes;
             let ctx = self.ctx.clone();
             let sender = self.sender.clone();
             let cancelled = self.cancelled.clone();
