@@ -203,3 +203,23 @@ def test_the_console_script(cache: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok")
+
+
+def test_write_job_writes_then_reuses_a_source(tmp_path: Path) -> None:
+    """`write MODULE:ATTR BASE_DIR` is idempotent: the second run reuses the cache."""
+    first = run("write", "flight_server.demo:DemoSource", str(tmp_path / "caches"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "ok: demo_v1 ->" in first.stdout
+    manifest = tmp_path / "caches" / "demo_v1" / "manifest.json"
+    written = manifest.stat().st_mtime_ns
+    again = run("write", "flight_server.demo:DemoSource", str(tmp_path / "caches"), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert manifest.stat().st_mtime_ns == written
+
+
+@pytest.mark.parametrize("spec", ["no_such_module:Source", "flight_server.demo:Nope", "nocolon"])
+def test_write_job_rejects_a_bad_source(tmp_path: Path, spec: str) -> None:
+    result = run("write", spec, str(tmp_path / "caches"), cwd=tmp_path)
+    assert result.returncode != 0
+    assert "error:" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -197,7 +197,7 @@ fn ranks_cover_an_epoch_and_prefetch_never_changes_the_stream() {
     let dir = tempfile::tempdir().unwrap();
     let set = caches(dir.path());
     let population = Arc::new(Population::full(&set).unwrap());
-    let order = StreamOrder::Weighted { seed: 11 };
+    let order = StreamOrder::new(true, 11);
     let epoch = StreamWindow::new(130, 65, 1).unwrap();
     let pool = Arc::new(WorkerPool::new(3).unwrap());
     let full = read_ids(

@@ -29,21 +29,22 @@ pub fn draw_rows(
         let population = population.clone();
         let sender = sender.clone();
         pool.submit(Box::new(move || {
-            let alias = population.alias();
-            let rows: Vec<u32> = (first..first + n)
-                .map(|i| order.row_at(alias, window.position(i)) as u32)
-                .collect();
+            let mut rows = Vec::with_capacity(n as usize);
+            let positions = (first..first + n).map(|i| window.position(i));
+            order.rows_at(population.alias(), positions, &mut rows);
             let _ = sender.send((c, rows));
         }))?;
     }
     drop(sender);
-    let mut parts: Vec<Option<Vec<u32>>> = vec![None; chunks as usize];
+    let mut out = vec![0u32; window.count as usize];
+    let mut received = 0u64;
     for (c, rows) in receiver.iter() {
-        parts[c as usize] = Some(rows);
+        let first = (c * CHUNK) as usize;
+        out[first..first + rows.len()].copy_from_slice(&rows);
+        received += 1;
     }
-    let mut out = Vec::with_capacity(window.count as usize);
-    for part in parts {
-        out.extend(part.ok_or_else(|| Error::invalid("a worker thread failed while drawing"))?);
+    if received != chunks {
+        return Err(Error::invalid("a worker thread failed while drawing"));
     }
     Ok(out)
 }
