@@ -66,6 +66,9 @@ class DatasetClient:
         self._retries = retries
         self._backoff = backoff
         self._max_backoff = max_backoff
+        #: (time.monotonic(), location, error) of every stream that broke and was
+        #: retried elsewhere: what happened, for logs and failover measurements.
+        self.failovers: list[tuple[float, str, str]] = []
 
     def _client(self, location: str) -> flight.FlightClient:
         if location not in self._clients:
@@ -247,6 +250,7 @@ class DatasetClient:
                 return
             except RETRYABLE as error:
                 failures.append(f"{location}: {type(error).__name__}: {error}")
+                self.failovers.append((time.monotonic(), location, type(error).__name__))
                 self._clients.pop(location, None)
                 if attempt + 1 < attempts:
                     time.sleep(

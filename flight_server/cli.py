@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    auth = "bearer tokens" if args.token_file else "no auth (loopback only by default)"
+    auth = "bearer tokens" if args.token_file else "no auth"
     print(f"serving {', '.join(server._catalog.names())} at {server.location} ({auth})", flush=True)
     print(
         'try: python -c "import pyarrow.flight as f; '

@@ -76,7 +76,14 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         super().__init__(location, tls_certificates=tls_certificates or [], middleware=middleware)
         parts = urlsplit(location)
         self.location = f"{parts.scheme}://{parts.hostname}:{self.port}"
-        self.locations = list(advertise) if advertise else [self.location]
+        if advertise:
+            self.locations = list(advertise)
+        elif parts.hostname in ("0.0.0.0", "::"):
+            # A wildcard address is not reachable: advertise no location, which
+            # in Flight means "the server you asked" (clients reuse their connection).
+            self.locations = []
+        else:
+            self.locations = [self.location]
         self._catalog = catalog
         self._batch_size = batch_size
         self._prefetch_size = prefetch_size

@@ -70,10 +70,10 @@ def write(tmp_path: Path, source: Any, **writer_kwargs: Any) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow tests run on purpose (``-m slow``), not in the default run."""
+    """Slow and end-to-end tests run on purpose (``-m slow``, ``-m e2e``), not by default."""
     if config.getoption("markexpr"):
         return
-    skip = pytest.mark.skip(reason="slow: run with -m slow")
     for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+        for marker in ("slow", "e2e"):
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=f"{marker}: run with -m {marker}"))

@@ -71,6 +71,18 @@ pub struct PopulationStore {
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// A random number fixed for the life of this process (std's hasher keys are
+/// drawn from the OS's random source).
+fn process_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NONCE.get_or_init(|| {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(std::process::id() as u64);
+        hasher.finish()
+    })
+}
+
 /// A population id: 32 lowercase hex digits.
 pub fn check_population_id(id: &str) -> Result<()> {
     if id.len() == 32
@@ -183,9 +195,12 @@ impl PopulationStore {
 
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         let parent = path.parent().unwrap_or(&self.dir);
+        // Replicas in containers all run as pid 1, so the name also carries a
+        // per-process random part: writers never share a temporary file.
         let temp = parent.join(format!(
-            ".tmp-{}-{}",
+            ".tmp-{}-{:016x}-{}",
             std::process::id(),
+            process_nonce(),
             TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         fs::write(&temp, bytes).at("cannot write", &temp)?;

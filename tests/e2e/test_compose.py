@@ -1,0 +1,331 @@
+"""End to end in real containers: the image, both compose profiles, replicas,
+failover, network partitions and a shared population store.
+
+Run with ``uv run pytest -m e2e``. Needs a Docker engine with Compose; the image
+is built from this checkout on a local Debian base (docker/build-base-image.sh),
+so no registry is needed. Every container, network and volume is removed at the
+end (compose project names are unique per run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.flight as flight
+import pytest
+
+import dataset_rt as drt
+from flight_client import DatasetClient
+from flight_server.demo import DemoSource
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+ROOT = Path(__file__).parents[2]
+IMAGE = os.environ.get("DATASET_RT_E2E_IMAGE", "dataset-rt-flight:e2e")
+BASE = os.environ.get("DATASET_RT_E2E_BASE", "dataset-rt-base:local")
+SEED = 11
+
+
+def _compose_command() -> list[str] | None:
+    if (
+        shutil.which("docker")
+        and subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, check=False
+        ).returncode
+        == 0
+    ):
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+COMPOSE = _compose_command()
+if (
+    COMPOSE is None
+    or subprocess.run(["docker", "info"], capture_output=True, check=False).returncode != 0
+):
+    pytest.skip("no Docker engine with Compose on this machine", allow_module_level=True)
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    subprocess.run(["bash", "docker/build-base-image.sh", BASE], cwd=ROOT, check=True)
+    subprocess.run(["bash", "docker/build-image.sh", IMAGE, BASE], cwd=ROOT, check=True)
+    return IMAGE
+
+
+class Project:
+    """One compose project (unique name, own ports) that is always torn down."""
+
+    def __init__(self, image: str, profile: str) -> None:
+        self.name = f"drte2e{uuid.uuid4().hex[:8]}"
+        self.profile = profile
+        ports = _free_ports(4)
+        self.env = {
+            **os.environ,
+            "FLIGHT_IMAGE": image,
+            "COMPOSE_PROFILES": profile,
+            "FLIGHT_PORT": str(ports[0]),
+        }
+        self.replicas: list[str] = []
+        for i, port in enumerate(ports[1:], start=1):
+            self.env[f"REPLICA_{i}_PORT"] = str(port)
+            self.env[f"REPLICA_{i}_URI"] = f"grpc://127.0.0.1:{port}"
+            self.replicas.append(f"grpc://127.0.0.1:{port}")
+        self.default_location = f"grpc://127.0.0.1:{ports[0]}"
+
+    def compose(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        assert COMPOSE is not None
+        return subprocess.run(
+            [*COMPOSE, "-p", self.name, "--profile", self.profile, *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=600,
+        )
+
+    def container(self, service: str) -> str:
+        return self.compose("ps", "-q", service).stdout.strip()
+
+    def network(self) -> str:
+        return f"{self.name}_default"
+
+    def up(self) -> None:
+        self.compose("up", "-d")
+        locations = self.replicas if self.profile == "replicated" else [self.default_location]
+        for location in locations:
+            _wait_healthy(location)
+
+    def down(self) -> None:
+        self.compose("down", "-v", "--remove-orphans", check=False)
+
+
+def _wait_healthy(location: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with flight.connect(location) as client:
+                options = flight.FlightCallOptions(timeout=2)
+                list(client.do_action(flight.Action("health", b""), options=options))
+            return
+        except Exception as error:
+            last = error
+            time.sleep(0.5)
+    raise TimeoutError(f"{location} did not become healthy: {last}")
+
+
+@pytest.fixture
+def default_project(image: str) -> Iterator[Project]:
+    project = Project(image, "default")
+    try:
+        project.up()
+        yield project
+    finally:
+        project.down()
+
+
+@pytest.fixture(scope="module")
+def cluster(image: str) -> Iterator[Project]:
+    project = Project(image, "replicated")
+    try:
+        project.up()
+        yield project
+    finally:
+        project.down()
+
+
+@pytest.fixture(scope="module")
+def library_epoch(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, int]]:
+    """Epoch 0 of the demo as a single-process library iterator gives it."""
+    runtime = drt.DatasetRuntime(num_workers=2)
+    base = tmp_path_factory.mktemp("library")
+    result = runtime.from_cache_sources(
+        DemoSource(),
+        base,
+        reader_config=drt.ReaderConfig(seed=SEED),
+        writer_config=drt.WriterConfig(show_progress=False),
+    )
+    assert isinstance(result, drt.CacheSourcesDatasetSuccess), result
+    return [(s.cache_id, s.sample_id) for s in result.dataset]
+
+
+def _ids(batches: Iterator[Any]) -> list[tuple[int, int, int]]:
+    out: list[tuple[int, int, int]] = []
+    for batch in batches:
+        columns = batch.to_pydict()
+        out.extend(zip(columns["position"], columns["cache_id"], columns["sample_id"], strict=True))
+    return out
+
+
+def test_default_profile_serves_the_demo_to_a_plain_pyarrow_client(
+    default_project: Project,
+) -> None:
+    client = flight.connect(default_project.default_location)
+    assert [info.descriptor.path for info in client.list_flights()] == [[b"demo"]]
+    command = {"dataset": "demo", "seed": SEED, "epoch": 0}
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(json.dumps(command)))
+    table = client.do_get(info.endpoints[0].ticket).read_all()
+    assert table.num_rows == info.total_records == 2000
+    container = default_project.container("flight")
+    deadline = time.monotonic() + 90
+    status = ""
+    while time.monotonic() < deadline and status != "healthy":
+        status = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Health.Status}}", container],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        time.sleep(1)
+    assert status == "healthy", "the image's healthcheck (the Flight health action) failed"
+
+
+def test_four_ranks_over_three_replicas_read_the_library_epoch(
+    cluster: Project, library_epoch: list[tuple[int, int]]
+) -> None:
+    client = DatasetClient(cluster.replicas)
+    info = client.epoch_info("demo", SEED, 0, world_size=4)
+    for endpoint in info.endpoints:
+        advertised = sorted(loc.uri.decode() for loc in endpoint.locations)
+        assert advertised == sorted(cluster.replicas)
+    per_rank = [
+        _ids(client.epoch("demo", SEED, 0, rank=r, world_size=4, batches=True)) for r in range(4)
+    ]
+    delivered = sorted(row for rank in per_rank for row in rank)
+    assert [p for p, _, _ in delivered] == list(range(2000))  # 2000 = 4 x 500: every position
+    assert [(c, s) for _, c, s in delivered] == library_epoch
+
+
+def test_a_replica_killed_mid_stream_is_replaced_without_changing_the_stream(
+    cluster: Project,
+) -> None:
+    client = DatasetClient(cluster.replicas, retries=4, backoff=0.2)
+    # 300k draws of 1 KiB: far more than gRPC buffers, so the kill lands mid-stream.
+    epoch_len = 300_000
+    expected = _ids(client.epoch("demo", SEED, 3, epoch_len=epoch_len, batches=True))
+    stream = client.epoch("demo", SEED, 3, epoch_len=epoch_len, batches=True)
+    delivered = _ids([next(stream)])
+    subprocess.run(
+        ["docker", "kill", cluster.container("replica-1")], check=True, capture_output=True
+    )
+    killed_at = time.monotonic()
+    arrivals: list[float] = []
+    for batch in stream:
+        arrivals.append(time.monotonic())
+        delivered.extend(_ids([batch]))
+    assert delivered == expected
+    assert client.failovers, "the stream never failed over"
+    failed_at = client.failovers[0][0]
+    resumed = next(t for t in arrivals if t > failed_at)
+    print(f"failover: {(resumed - killed_at) * 1000:.0f} ms from docker kill to the next batch")
+    cluster.compose("up", "-d", "replica-1")
+    _wait_healthy(cluster.replicas[0])
+
+
+def test_a_partitioned_replica_is_routed_around_and_serves_again(cluster: Project) -> None:
+    client = DatasetClient(cluster.replicas, retries=4, backoff=0.2)
+    expected = _ids(client.epoch("demo", SEED, 5, batches=True))
+    container = cluster.container("replica-2")
+    subprocess.run(
+        ["docker", "network", "disconnect", cluster.network(), container],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        # Rank 1 of 3 starts at replica-2, which is now unreachable.
+        partitioned = _ids(client.epoch("demo", SEED, 5, rank=1, world_size=3, batches=True))
+        full = _ids(client.epoch("demo", SEED, 5, rank=1, world_size=3, batches=True))
+        assert partitioned == full
+    finally:
+        subprocess.run(
+            ["docker", "network", "connect", cluster.network(), container],
+            check=True,
+            capture_output=True,
+        )
+    _wait_healthy(cluster.replicas[1])
+    direct = DatasetClient([cluster.replicas[1]], retries=1)
+    assert _ids(direct.stream_ticket(_ticket(client, 5), [cluster.replicas[1]])) == expected
+
+
+def _ticket(client: DatasetClient, epoch: int) -> dict[str, Any]:
+    info = client.epoch_info("demo", SEED, epoch)
+    return dict(json.loads(info.endpoints[0].ticket.ticket))
+
+
+def test_a_population_put_through_one_replica_streams_identically_from_another(
+    cluster: Project,
+) -> None:
+    first = DatasetClient([cluster.replicas[0]])
+    second = DatasetClient([cluster.replicas[2]])
+    table = first.get_metadata("demo")
+    balanced = table.with_columns((1.0 / pl.len().over("label")).alias("weight"))
+    population = first.update_metadata("demo", balanced)
+    assert population in second.populations("demo")["populations"]
+    via_first = _ids(first.epoch("demo", SEED, 1, population=population, batches=True))
+    via_second = _ids(second.epoch("demo", SEED, 1, population=population, batches=True))
+    assert via_first == via_second
+    assert second.get_metadata("demo", population=population).equals(
+        first.get_metadata("demo", population=population)
+    )
+
+
+def test_concurrent_puts_through_different_replicas_never_corrupt_the_store(
+    cluster: Project,
+) -> None:
+    table = DatasetClient([cluster.replicas[0]]).get_metadata("demo")
+    ids: list[str] = []
+    errors: list[BaseException] = []
+
+    def put(location: str, scale: float) -> None:
+        try:
+            reweighted = table.with_columns((pl.col("weight") * scale).alias("weight"))
+            ids.append(
+                DatasetClient([location]).update_metadata("demo", reweighted, activate=False)
+            )
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=put, args=(cluster.replicas[i % 3], 1.0 + i % 2)) for i in range(6)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors
+    assert len(set(ids)) == 2
+    reader = DatasetClient([cluster.replicas[1]])
+    for population in set(ids):
+        assert reader.get_metadata("demo", population=population).height == 2000
+
+
+def test_an_unknown_population_is_not_found_on_every_replica(cluster: Project) -> None:
+    for location in cluster.replicas:
+        with pytest.raises(KeyError, match="not in the store"):
+            list(DatasetClient([location]).epoch("demo", SEED, 0, population="f" * 32))
