@@ -138,7 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    auth = "bearer tokens" if args.token_file else "no auth"
+    if args.token_file:
+        auth = "bearer tokens"
+    elif _is_loopback(args.host or "127.0.0.1"):
+        auth = "no auth: bound to loopback only"
+    else:
+        auth = "no auth"
     print(f"serving {', '.join(server._catalog.names())} at {server.location} ({auth})", flush=True)
     print(
         'try: python -c "import pyarrow.flight as f; '
