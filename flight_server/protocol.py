@@ -141,6 +141,13 @@ class StreamTicket:
         body["columns"] = list(self.columns)
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
+    def stream_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of the native ``DatasetService.stream``/``schema``."""
+        arguments = asdict(self)
+        del arguments["dataset"]
+        arguments["columns"] = list(self.columns)
+        return arguments
+
     @classmethod
     def from_command(cls, command: StreamCommand, *, rank: int) -> StreamTicket:
         return cls(**asdict(command) | {"columns": command.columns}, rank=rank)

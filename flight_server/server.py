@@ -147,15 +147,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     def _native_stream(self, ticket: StreamTicket) -> _native.BatchStream:
         service = self._catalog.get(ticket.dataset)
         stream: _native.BatchStream = service.stream(
-            population=ticket.population,
-            seed=ticket.seed,
-            shuffle=ticket.shuffle,
-            epoch=ticket.epoch,
-            epoch_len=ticket.epoch_len,
-            rank=ticket.rank,
-            world_size=ticket.world_size,
-            offset=ticket.offset,
-            columns=list(ticket.columns),
+            **ticket.stream_arguments(),
             batch_size=self._batch_size,
             prefetch_size=self._prefetch_size,
         )
@@ -165,17 +157,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         """The stream schema, checking on the way that the request can be served."""
         ticket = StreamTicket.from_command(command, rank=0)
         service = self._catalog.get(ticket.dataset)
-        empty = service.schema(
-            population=ticket.population,
-            seed=ticket.seed,
-            shuffle=ticket.shuffle,
-            epoch=ticket.epoch,
-            epoch_len=ticket.epoch_len,
-            rank=ticket.rank,
-            world_size=ticket.world_size,
-            offset=ticket.offset,
-            columns=list(ticket.columns),
-        )
+        empty = service.schema(**ticket.stream_arguments())
         return pa.table(empty).schema
 
     # -- data -------------------------------------------------------------------
