@@ -49,10 +49,19 @@ class SourceError(DatasetRTError):
     """A cache source raised while it was being iterated, or yielded a bad record."""
 
 
+class InternalError(DatasetRTError, RuntimeError):
+    """Something broke inside the engine (a worker failed, a lock was poisoned).
+
+    Not caused by the caller's input; over Flight it is INTERNAL, which clients
+    retry on another replica.
+    """
+
+
 __all__ = [
     "CacheIOError",
     "CorruptCacheError",
     "DatasetRTError",
+    "InternalError",
     "InvalidArgumentError",
     "InvalidPopulationError",
     "NotFoundError",

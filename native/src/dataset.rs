@@ -45,7 +45,7 @@ impl Dataset {
     fn cursor(&self) -> Result<MutexGuard<'_, Cursor>> {
         self.cursor
             .lock()
-            .map_err(|_| Error::invalid("the dataset's lock is poisoned"))
+            .map_err(|_| Error::internal("the dataset's lock is poisoned"))
     }
 
     pub fn caches(&self) -> &Arc<CacheSet> {

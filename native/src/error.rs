@@ -49,6 +49,12 @@ pub enum Error {
     #[error("{0}")]
     Source(String),
 
+    /// Something broke inside the engine (a worker thread panicked, a lock was
+    /// poisoned, the pool stopped). Not the caller's fault: over Flight it is
+    /// INTERNAL, which a client may retry on another replica.
+    #[error("internal error: {0}")]
+    Internal(String),
+
     /// An Arrow kernel failed (a bug or an unsupported input type).
     #[error("arrow: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),
@@ -95,6 +101,10 @@ impl Error {
 
     pub fn invalid(message: impl Into<String>) -> Self {
         Error::InvalidArgument(message.into())
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Error::Internal(message.into())
     }
 }
 

@@ -211,7 +211,7 @@ impl DatasetService {
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, LoadedPopulations>> {
         self.loaded
             .lock()
-            .map_err(|_| Error::invalid("the population cache's lock is poisoned"))
+            .map_err(|_| Error::internal("the population cache's lock is poisoned"))
     }
 
     fn remember(&self, id: &str, population: Arc<Population>) -> Result<()> {

@@ -189,7 +189,7 @@ impl PopulationStore {
     pub fn set_active(&self, active: &ActivePopulation) -> Result<()> {
         check_population_id(&active.population)?;
         let bytes = serde_json::to_vec_pretty(active)
-            .map_err(|e| Error::invalid(format!("cannot encode the active pointer: {e}")))?;
+            .map_err(|e| Error::internal(format!("cannot encode the active pointer: {e}")))?;
         self.write_atomically(&self.dir.join(ACTIVE), &bytes)
     }
 

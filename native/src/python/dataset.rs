@@ -328,7 +328,7 @@ impl BatchStream {
         let stream = self
             .stream
             .lock()
-            .map_err(|_| to_pyerr(Error::invalid("the stream's lock is poisoned")))?
+            .map_err(|_| to_pyerr(Error::internal("the stream's lock is poisoned")))?
             .take()
             .ok_or_else(|| to_pyerr(Error::invalid("this stream was already consumed")))?;
         export_stream(py, Box::new(stream))

@@ -28,6 +28,7 @@ fn build(py: Python<'_>, error: &Error) -> PyResult<PyErr> {
         Error::InvalidArgument(_) => "InvalidArgumentError",
         Error::Source(_) => "SourceError",
         Error::NotFound(_) => "NotFoundError",
+        Error::Internal(_) => "InternalError",
         Error::Arrow(_) => "DatasetRTError",
     };
     let instance = class(py, name)?.call1((message,))?;

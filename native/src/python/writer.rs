@@ -178,7 +178,7 @@ impl Pipeline {
                 let writer = self
                     .writer
                     .as_mut()
-                    .ok_or_else(|| Error::invalid("the writer is closed"))?;
+                    .ok_or_else(|| Error::internal("the writer is closed"))?;
                 for (record, values) in &encoded {
                     writer.append(record, values)?;
                 }
@@ -196,7 +196,7 @@ impl Pipeline {
                 Ok((seq, encoded)) => {
                     self.ready.insert(seq, encoded);
                 }
-                Err(_) => return Err(Error::invalid("the worker threads stopped responding")),
+                Err(_) => return Err(Error::internal("the worker threads stopped responding")),
             }
         }
     }
@@ -208,7 +208,7 @@ impl Pipeline {
             let writer = self
                 .writer
                 .take()
-                .ok_or_else(|| Error::invalid("the writer is closed"))?;
+                .ok_or_else(|| Error::internal("the writer is closed"))?;
             let (path, _) = writer.finish()?;
             self.progress.finish();
             Ok(path)

@@ -79,7 +79,7 @@ impl EncodedRecord {
             Codec::Lz4 => (lz4_flex::block::compress(&raw), Codec::Lz4),
             Codec::Zstd => (
                 zstd::bulk::compress(&raw, compression.level)
-                    .map_err(|e| Error::invalid(format!("zstd compression failed: {e}")))?,
+                    .map_err(|e| Error::internal(format!("zstd compression failed: {e}")))?,
                 Codec::Zstd,
             ),
         };

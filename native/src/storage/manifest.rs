@@ -58,7 +58,7 @@ struct Envelope {
 impl Manifest {
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let body = serde_json::to_value(self)
-            .map_err(|e| Error::invalid(format!("cannot encode manifest: {e}")))?;
+            .map_err(|e| Error::internal(format!("cannot encode manifest: {e}")))?;
         let checksum = hex64(xxh3_64(&canonical(&body)?));
         let envelope = Envelope {
             format_version: FORMAT_VERSION,
@@ -66,7 +66,7 @@ impl Manifest {
             checksum,
         };
         let mut bytes = serde_json::to_vec_pretty(&envelope)
-            .map_err(|e| Error::invalid(format!("cannot encode manifest: {e}")))?;
+            .map_err(|e| Error::internal(format!("cannot encode manifest: {e}")))?;
         bytes.push(b'\n');
         Ok(bytes)
     }
@@ -116,7 +116,7 @@ impl Manifest {
 
 /// serde_json's `Value` keeps object keys sorted, so this encoding is canonical.
 fn canonical(value: &serde_json::Value) -> Result<Vec<u8>> {
-    serde_json::to_vec(value).map_err(|e| Error::invalid(format!("cannot encode manifest: {e}")))
+    serde_json::to_vec(value).map_err(|e| Error::internal(format!("cannot encode manifest: {e}")))
 }
 
 #[cfg(test)]

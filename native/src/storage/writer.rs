@@ -144,7 +144,7 @@ impl CacheWriter {
         }
         let shard_number = self.shards.len() as u32;
         let Some(shard) = self.shard.as_mut() else {
-            return Err(Error::invalid("no open shard"));
+            return Err(Error::internal("no open shard"));
         };
         shard
             .out

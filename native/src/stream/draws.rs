@@ -44,7 +44,7 @@ pub fn draw_rows(
         received += 1;
     }
     if received != chunks {
-        return Err(Error::invalid("a worker thread failed while drawing"));
+        return Err(Error::internal("a worker thread failed while drawing"));
     }
     Ok(out)
 }

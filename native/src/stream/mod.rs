@@ -179,7 +179,7 @@ impl EpochStream {
                 }
                 Err(_) => {
                     self.finished = true;
-                    return Some(Err(Error::invalid("the worker threads stopped")));
+                    return Some(Err(Error::internal("the worker threads stopped")));
                 }
             }
         }
@@ -223,7 +223,7 @@ impl EpochStream {
                     return;
                 }
                 let result = catch_unwind(AssertUnwindSafe(|| ctx.build(first, &rows)))
-                    .unwrap_or_else(|_| Err(Error::invalid("a worker thread panicked")));
+                    .unwrap_or_else(|_| Err(Error::internal("a worker thread panicked")));
                 let _ = sender.send((seq, result));
             }))?;
         }

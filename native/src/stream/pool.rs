@@ -46,14 +46,14 @@ impl WorkerPool {
         let mut threads = self
             .threads
             .lock()
-            .map_err(|_| Error::invalid("the worker pool's lock is poisoned"))?;
+            .map_err(|_| Error::internal("the worker pool's lock is poisoned"))?;
         if threads.pid != std::process::id() {
             *threads = spawn_threads(self.size)?;
         }
         threads
             .sender
             .send(job)
-            .map_err(|_| Error::invalid("the worker pool has stopped"))
+            .map_err(|_| Error::internal("the worker pool has stopped"))
     }
 }
 
@@ -68,7 +68,7 @@ fn spawn_threads(size: usize) -> Result<Threads> {
                     let _ = catch_unwind(AssertUnwindSafe(job));
                 }
             })
-            .map_err(|e| Error::invalid(format!("cannot start worker thread: {e}")))?;
+            .map_err(|e| Error::internal(format!("cannot start worker thread: {e}")))?;
     }
     Ok(Threads {
         pid: std::process::id(),
