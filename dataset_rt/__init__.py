@@ -12,11 +12,17 @@ from dataset_rt.config import (
     ShardCompression,
     WriterConfig,
 )
-from dataset_rt.dataset import CachedDataset
+from dataset_rt.dataset import (
+    CachedDataset,
+    CacheSourcesDatasetError,
+    CacheSourcesDatasetResult,
+    CacheSourcesDatasetSuccess,
+)
 from dataset_rt.errors import (
     CacheIOError,
     CorruptCacheError,
     DatasetRTError,
+    InternalError,
     InvalidArgumentError,
     InvalidPopulationError,
     NotFoundError,
@@ -28,9 +34,6 @@ from dataset_rt.records import (
     CachedSample,
     CacheInput,
     CacheSource,
-    CacheSourcesDatasetError,
-    CacheSourcesDatasetResult,
-    CacheSourcesDatasetSuccess,
     CacheWriteError,
     CacheWriteResult,
     CacheWriteSuccess,
@@ -59,6 +62,7 @@ __all__ = [
     "CorruptCacheError",
     "DatasetRTError",
     "DatasetRuntime",
+    "InternalError",
     "InvalidArgumentError",
     "InvalidPopulationError",
     "Metadata",

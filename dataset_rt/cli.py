@@ -7,7 +7,6 @@ With no arguments it runs a small self-contained demo (writes a cache under
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,33 +28,31 @@ def _human_bytes(n: int) -> str:
 def _inspect(args: argparse.Namespace) -> int:
     info = _native.inspect_cache(str(args.cache))
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(info.to_json())
         return 0
-    shards = info["shards"]
-    stored = sum(s["bytes"] for s in shards)
-    print(f"cache         {info['path']}")
-    print(f"source        {info['source_name']}")
-    print(f"cache_id      {info['cache_id']}")
-    print(f"format        version {info['format_version']} ({info['writer']})")
-    print(f"records       {info['record_count']}")
-    compression = info["compression"]
-    print(f"compression   {compression['codec']} (level {compression['level']})")
-    print(f"payload       {_human_bytes(info['payload_bytes'])} raw, {_human_bytes(stored)} stored")
-    print(f"shards        {len(shards)}")
-    for shard in shards:
-        print(f"  {shard['file']}  {shard['records']} records  {_human_bytes(shard['bytes'])}")
+    stored = sum(shard.bytes for shard in info.shards)
+    print(f"cache         {info.path}")
+    print(f"source        {info.source_name}")
+    print(f"cache_id      {info.cache_id}")
+    print(f"format        version {info.format_version} ({info.writer})")
+    print(f"records       {info.record_count}")
+    print(f"compression   {info.codec} (level {info.level})")
+    print(f"payload       {_human_bytes(info.payload_bytes)} raw, {_human_bytes(stored)} stored")
+    print(f"shards        {len(info.shards)}")
+    for shard in info.shards:
+        print(f"  {shard.file}  {shard.records} records  {_human_bytes(shard.bytes)}")
     print("columns")
     print("  sample_id: uint64")
-    for column in info["columns"]:
-        print(f"  {column['name']}: {column['dtype']}")
+    for name, dtype in info.columns:
+        print(f"  {name}: {dtype}")
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
     report = _native.verify_cache(str(args.cache))
     print(
-        f"ok: {report['path']}: {report['records']} records, {report['files']} files, "
-        f"{_human_bytes(report['bytes'])} verified"
+        f"ok: {report.path}: {report.records} records, {report.files} files, "
+        f"{_human_bytes(report.bytes)} verified"
     )
     return 0
 

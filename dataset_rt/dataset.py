@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import polars as pl
 import pyarrow as pa
 
 from dataset_rt import _native
 from dataset_rt.config import ReaderConfig
-from dataset_rt.errors import InvalidArgumentError
-from dataset_rt.records import CachedSample
+from dataset_rt.records import CachedSample, CacheWriteResult
 
 if TYPE_CHECKING:
+    # Type-only: dataset_rt.torch needs torch, and imports nothing of this module.
     from dataset_rt.torch import CachedIterableDataset
 
 
@@ -97,10 +97,6 @@ class CachedDataset:
 
     def set_epoch_len(self, epoch_len: int) -> None:
         """Set how many positions each future iterator takes (existing ones keep theirs)."""
-        if isinstance(epoch_len, bool) or not isinstance(epoch_len, int):
-            raise InvalidArgumentError(
-                f"epoch_len must be an int >= 1, got {type(epoch_len).__name__}"
-            )
         self._engine.set_epoch_len(epoch_len)
 
     def __len__(self) -> int:
@@ -113,6 +109,16 @@ class CachedDataset:
         The iterator is a snapshot: later updates do not change what it yields.
         """
         return self._engine.samples()
+
+    def iter_samples(self, *, rank: int = 0, world_size: int = 1) -> Iterator[CachedSample]:
+        """Take the next epoch like ``iter(self)``, and yield rank ``rank``'s share.
+
+        Rank ``r`` of ``world_size`` reads positions ``r, r + world_size, ...`` of
+        the epoch; every rank gets the same number of samples (the remainder of
+        the epoch goes to no rank). The torch adapter gives each DataLoader worker
+        a rank this way.
+        """
+        return self._engine.samples(rank, world_size)
 
     def iter_batches(
         self, columns: Sequence[str] | None = None, *, batch_size: int = 1024
@@ -127,7 +133,7 @@ class CachedDataset:
         stream = self._engine.batches(
             None if columns is None else list(columns), batch_size=batch_size
         )
-        return pa.RecordBatchReader.from_stream(stream)
+        return batch_reader(stream)
 
     def stream(
         self,
@@ -151,7 +157,7 @@ class CachedDataset:
             None if columns is None else list(columns),
             batch_size=batch_size,
         )
-        return pa.RecordBatchReader.from_stream(native)
+        return batch_reader(native)
 
     def draw_rows(self, *, start: int = 0, count: int | None = None, stride: int = 1) -> pa.Array:
         """The active-table row index (uint32) drawn at each position of a window.
@@ -179,8 +185,47 @@ class CachedDataset:
 
         return CachedIterableDataset(self)
 
+    @property
+    def num_rows(self) -> int:
+        """Rows of the active population."""
+        return self._engine.num_rows
+
     def __repr__(self) -> str:
         return (
-            f"CachedDataset(caches={len(self.cache_paths)}, rows={self._engine.num_rows}, "
+            f"CachedDataset(caches={len(self.cache_paths)}, rows={self.num_rows}, "
             f"epoch_len={len(self)}, shuffle={self.reader_config.shuffle})"
         )
+
+
+def batch_reader(stream: _native.BatchStream) -> pa.RecordBatchReader:
+    """A native batch stream as a pyarrow reader that raises the engine's own
+    exception (`CorruptCacheError`, `InternalError`, ...) when the stream fails."""
+    reader = pa.RecordBatchReader.from_stream(stream)
+    return pa.RecordBatchReader.from_batches(reader.schema, _typed_failures(reader, stream))
+
+
+def _typed_failures(
+    reader: pa.RecordBatchReader, stream: _native.BatchStream
+) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from reader
+    except pa.ArrowException:
+        stream.raise_failure()
+        raise
+
+
+class CacheSourcesDatasetSuccess(NamedTuple):
+    """At least one cache is usable; ``dataset`` reads all usable ones."""
+
+    dataset: CachedDataset
+    results: list[CacheWriteResult]
+
+
+class CacheSourcesDatasetError(NamedTuple):
+    """No dataset was opened; ``results`` holds every source's outcome."""
+
+    results: list[CacheWriteResult]
+    message: str
+
+
+CacheSourcesDatasetResult: TypeAlias = CacheSourcesDatasetSuccess | CacheSourcesDatasetError

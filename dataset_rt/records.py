@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeAlias, runtime_checkable
+from typing import NamedTuple, Protocol, TypeAlias, runtime_checkable
 
-if TYPE_CHECKING:
-    from dataset_rt.dataset import CachedDataset
+from dataset_rt._native import CachedSample
 
 MetadataValue: TypeAlias = bool | int | float | str
 """A metadata value: stored as Boolean, Int64, Float64 or String."""
@@ -25,15 +24,6 @@ class CacheInput(NamedTuple):
 
     data: BytesLike
     metadata: Metadata
-
-
-class CachedSample(NamedTuple):
-    """One sample of an epoch stream (or of `CachedDataset.get_item`)."""
-
-    data: bytes
-    metadata: dict[str, MetadataValue]
-    cache_id: int
-    sample_id: int
 
 
 @runtime_checkable
@@ -66,18 +56,14 @@ class CacheWriteError(NamedTuple):
 CacheWriteResult: TypeAlias = CacheWriteSuccess | CacheWriteError
 
 
-class CacheSourcesDatasetSuccess(NamedTuple):
-    """At least one cache is usable; ``dataset`` reads all usable ones."""
-
-    dataset: CachedDataset
-    results: list[CacheWriteResult]
-
-
-class CacheSourcesDatasetError(NamedTuple):
-    """No dataset was opened; ``results`` holds every source's outcome."""
-
-    results: list[CacheWriteResult]
-    message: str
-
-
-CacheSourcesDatasetResult: TypeAlias = CacheSourcesDatasetSuccess | CacheSourcesDatasetError
+__all__ = [
+    "BytesLike",
+    "CacheInput",
+    "CacheSource",
+    "CacheWriteError",
+    "CacheWriteResult",
+    "CacheWriteSuccess",
+    "CachedSample",
+    "Metadata",
+    "MetadataValue",
+]

@@ -8,13 +8,15 @@ from pathlib import Path
 
 from dataset_rt import _native
 from dataset_rt.config import DEFAULT_WRITER_CONFIG, ReaderConfig, WriterConfig
-from dataset_rt.dataset import CachedDataset
-from dataset_rt.errors import DatasetRTError, InvalidArgumentError
-from dataset_rt.records import (
-    CacheSource,
+from dataset_rt.dataset import (
+    CachedDataset,
     CacheSourcesDatasetError,
     CacheSourcesDatasetResult,
     CacheSourcesDatasetSuccess,
+)
+from dataset_rt.errors import DatasetRTError, InvalidArgumentError
+from dataset_rt.records import (
+    CacheSource,
     CacheWriteError,
     CacheWriteResult,
     CacheWriteSuccess,
@@ -53,13 +55,12 @@ class DatasetRuntime:
     __slots__ = ("_native",)
 
     def __init__(self, *, num_workers: int) -> None:
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-            raise InvalidArgumentError(
-                f"num_workers must be a positive int, got {type(num_workers).__name__}"
-            )
-        if num_workers < 1:
-            raise InvalidArgumentError(f"num_workers must be >= 1, got {num_workers}")
         self._native = _native.Runtime(num_workers)
+
+    @property
+    def native(self) -> _native.Runtime:
+        """The engine's runtime, for the packages built on this one (the Flight server)."""
+        return self._native
 
     @property
     def num_workers(self) -> int:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sized
+from typing import Protocol
 
 try:
     from torch.utils.data import IterableDataset, get_worker_info  # type: ignore[import-not-found, unused-ignore]
@@ -15,8 +15,14 @@ except ImportError as error:  # pragma: no cover - exercised when torch is absen
 
 from dataset_rt.records import CachedSample
 
-if TYPE_CHECKING:
-    from dataset_rt.dataset import CachedDataset
+
+class EpochSource(Sized, Protocol):
+    """What the adapter reads: a `CachedDataset` (kept structural so this module
+    does not import the dataset module, which imports this one lazily)."""
+
+    def __iter__(self) -> Iterator[CachedSample]: ...
+
+    def iter_samples(self, *, rank: int = 0, world_size: int = 1) -> Iterator[CachedSample]: ...
 
 
 class CachedIterableDataset(IterableDataset[CachedSample]):  # type: ignore[misc]
@@ -26,7 +32,7 @@ class CachedIterableDataset(IterableDataset[CachedSample]):  # type: ignore[misc
     workers together read every position once.
     """
 
-    def __init__(self, dataset: CachedDataset) -> None:
+    def __init__(self, dataset: EpochSource) -> None:
         self._dataset = dataset
 
     def __len__(self) -> int:
@@ -36,5 +42,4 @@ class CachedIterableDataset(IterableDataset[CachedSample]):  # type: ignore[misc
         info = get_worker_info()
         if info is None:
             return iter(self._dataset)
-        engine = self._dataset._engine
-        return engine.samples(rank=info.id, world_size=info.num_workers)
+        return self._dataset.iter_samples(rank=info.id, world_size=info.num_workers)

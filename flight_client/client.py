@@ -17,6 +17,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from dataset_rt._native import BASE_COLUMNS, StreamRequest, parse_ticket
+
 # Statuses after which another location (or the same one, later) can serve the
 # ticket. INVALID_ARGUMENT, NOT_FOUND and auth errors are final.
 RETRYABLE = (flight.FlightUnavailableError, flight.FlightTimedOutError, flight.FlightInternalError)
@@ -165,19 +167,17 @@ class DatasetClient:
         population: str | None = None,
         columns: Sequence[str] = (),
     ) -> flight.FlightInfo:
-        command: dict[str, Any] = {
-            "dataset": dataset,
-            "seed": seed,
-            "epoch": epoch,
-            "shuffle": shuffle,
-            "world_size": world_size,
-            "columns": list(columns),
-        }
-        if epoch_len is not None:
-            command["epoch_len"] = epoch_len
-        if population is not None:
-            command["population"] = population
-        descriptor = flight.FlightDescriptor.for_command(json.dumps(command))
+        request = StreamRequest(
+            dataset=dataset,
+            seed=seed,
+            epoch=epoch,
+            shuffle=shuffle,
+            world_size=world_size,
+            columns=list(columns),
+            epoch_len=epoch_len,
+            population=population,
+        )
+        descriptor = flight.FlightDescriptor.for_command(request.to_json())
         return self._call("get_flight_info", descriptor)
 
     def epoch(
@@ -201,8 +201,9 @@ class DatasetClient:
         stream broken by a lost server resumes on the next location from the
         offset reached.
         """
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
+        # The request's own rules (rank < world_size, ...) are checked here, in
+        # the engine, before anything is sent.
+        StreamRequest(dataset=dataset, seed=seed, epoch=epoch, world_size=world_size, rank=rank)
         info = self.epoch_info(
             dataset,
             seed,
@@ -214,8 +215,10 @@ class DatasetClient:
             columns=columns,
         )
         endpoint = info.endpoints[rank]
-        ticket = json.loads(endpoint.ticket.ticket)
-        ticket["offset"] = offset
+        ticket = parse_ticket(endpoint.ticket.ticket)
+        if not isinstance(ticket, StreamRequest):
+            raise EveryLocationFailedError(f"the server answered a stream request with {ticket!r}")
+        ticket = ticket.resumed(offset)
         advertised = [
             loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
             for loc in endpoint.locations
@@ -229,19 +232,25 @@ class DatasetClient:
         return stream if batches else _samples(stream)
 
     def stream_ticket(
-        self, ticket: dict[str, Any], locations: Sequence[str] | None = None
+        self, ticket: StreamRequest | dict[str, Any], locations: Sequence[str] | None = None
     ) -> Iterator[pa.RecordBatch]:
-        """Stream a ticket, resuming on another location after a failure."""
+        """Stream a ticket, resuming on another location after a failure.
+
+        ``ticket`` is a `StreamRequest` with a rank (an endpoint's ticket, parsed
+        with ``dataset_rt._native.parse_ticket``) or the same keys as a dict.
+        """
+        if isinstance(ticket, dict):
+            ticket = StreamRequest(**{"rank": 0, **ticket})
         locations = list(locations or self.locations)
         delivered = 0
         failures: list[str] = []
         attempts = self._retries * len(locations)
         for attempt in range(attempts):
             location = locations[attempt % len(locations)]
-            resumed = dict(ticket, offset=int(ticket.get("offset", 0)) + delivered)
+            resumed = ticket.resumed(ticket.offset + delivered)
             try:
                 reader = self._client(location).do_get(
-                    flight.Ticket(json.dumps(resumed).encode()), options=self._options
+                    flight.Ticket(resumed.to_json()), options=self._options
                 )
                 for chunk in reader:
                     batch = chunk.data
@@ -264,7 +273,7 @@ class DatasetClient:
 def _samples(batches: Iterator[pa.RecordBatch]) -> Iterator[EpochSample]:
     for batch in batches:
         columns = batch.to_pydict()
-        names = [n for n in batch.schema.names if n not in _BASE]
+        names = [n for n in batch.schema.names if n not in BASE_COLUMNS]
         for i in range(batch.num_rows):
             yield EpochSample(
                 cache_id=columns["cache_id"][i],
@@ -273,6 +282,3 @@ def _samples(batches: Iterator[pa.RecordBatch]) -> Iterator[EpochSample]:
                 metadata={name: columns[name][i] for name in names},
                 position=columns["position"][i],
             )
-
-
-_BASE = ("position", "cache_id", "sample_id", "payload")

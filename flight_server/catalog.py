@@ -48,7 +48,7 @@ class Catalog:
         self.runtime = runtime
         self._services = {
             spec.name: _native.DatasetService(
-                runtime._native,
+                runtime.native,
                 spec.name,
                 [str(p) for p in spec.caches],
                 str(state_dir),

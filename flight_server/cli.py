@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         auth = "no auth: bound to loopback only"
     else:
         auth = "no auth"
-    print(f"serving {', '.join(server._catalog.names())} at {server.location} ({auth})", flush=True)
+    print(f"serving {', '.join(server.catalog.names())} at {server.location} ({auth})", flush=True)
     print(
         'try: python -c "import pyarrow.flight as f; '
         f"print([i.descriptor.path for i in f.connect('{server.location}').list_flights()])\"",

@@ -32,6 +32,8 @@ def to_flight_error(error: Exception) -> Exception:
             status = pa.ArrowKeyError  # NOT_FOUND
         case drt.CorruptCacheError() | drt.CacheIOError():
             status, message = flight.FlightInternalError, f"the server's data is damaged: {message}"
+        case drt.InternalError():
+            status = flight.FlightInternalError
         case _:
             status = flight.FlightServerError
     return status(message)

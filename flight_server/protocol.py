@@ -1,20 +1,22 @@
-"""Commands and tickets: UTF-8 JSON objects with known keys and types.
+"""``do_put`` commands and action bodies: UTF-8 JSON objects with known keys and types.
 
 Every parser rejects malformed JSON, unknown keys, missing keys and wrong types
 with a `ProtocolError` that names the key (the server answers INVALID_ARGUMENT).
+Stream commands and tickets are the engine's own type, parsed in Rust:
+``dataset_rt._native.StreamRequest`` and ``parse_ticket``.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dataset_rt._native import MAX_MESSAGE_BYTES
 from flight_server.errors import ProtocolError
 
 T = TypeVar("T")
 
-MAX_MESSAGE_BYTES = 64 * 1024
 U64 = 2**64
 
 
@@ -70,14 +72,6 @@ class _Fields:
             raise ProtocolError(f"'{key}' must be true or false, got {json.dumps(value)}")
         return value
 
-    def strings(self, key: str) -> list[str] | None:
-        value = self._get(key, False)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ProtocolError(f"'{key}' must be a list of strings, got {json.dumps(value)}")
-        return value
-
     def finish(self) -> None:
         unknown = sorted(set(self._value) - self._read)
         if unknown:
@@ -85,102 +79,6 @@ class _Fields:
             raise ProtocolError(
                 f"unknown key '{unknown[0]}' in the {self._what}; the keys are: {known}"
             )
-
-
-@dataclass(frozen=True)
-class StreamCommand:
-    """``get_flight_info`` command: an epoch of a seed's stream, split into ranks."""
-
-    dataset: str
-    seed: int
-    epoch: int
-    epoch_len: int | None = None
-    shuffle: bool = True
-    world_size: int = 1
-    population: str | None = None
-    columns: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, raw: bytes) -> StreamCommand:
-        fields = _Fields(_decode(raw, "command"), "command")
-        command = cls._read(fields)
-        fields.finish()
-        return command
-
-    @classmethod
-    def _read(cls, fields: _Fields) -> StreamCommand:
-        return cls(
-            dataset=_required(fields.string("dataset", required=True)),
-            seed=_required(fields.integer("seed", required=True)),
-            epoch=_required(fields.integer("epoch", required=True)),
-            epoch_len=fields.integer("epoch_len", minimum=1),
-            shuffle=_default(fields.boolean("shuffle"), True),
-            world_size=_default(fields.integer("world_size", minimum=1, maximum=2**32), 1),
-            population=fields.string("population"),
-            columns=tuple(_default(fields.strings("columns"), [])),
-        )
-
-
-@dataclass(frozen=True)
-class StreamTicket:
-    """``do_get`` ticket: one rank's partition of an epoch, from ``offset`` on."""
-
-    dataset: str
-    seed: int
-    epoch: int
-    epoch_len: int | None = None
-    shuffle: bool = True
-    world_size: int = 1
-    population: str | None = None
-    columns: tuple[str, ...] = ()
-    rank: int = 0
-    offset: int = 0
-
-    def encode(self) -> bytes:
-        body = {k: v for k, v in asdict(self).items() if v is not None}
-        body["columns"] = list(self.columns)
-        return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
-
-    def stream_arguments(self) -> dict[str, Any]:
-        """The keyword arguments of the native ``DatasetService.stream``/``schema``."""
-        arguments = asdict(self)
-        del arguments["dataset"]
-        arguments["columns"] = list(self.columns)
-        return arguments
-
-    @classmethod
-    def from_command(cls, command: StreamCommand, *, rank: int) -> StreamTicket:
-        return cls(**asdict(command) | {"columns": command.columns}, rank=rank)
-
-
-@dataclass(frozen=True)
-class MetadataTicket:
-    """``do_get`` ticket for a population's metadata table."""
-
-    dataset: str
-    population: str | None = None
-
-
-def parse_ticket(raw: bytes) -> StreamTicket | MetadataTicket:
-    fields = _Fields(_decode(raw, "ticket"), "ticket")
-    if fields.boolean("metadata"):
-        ticket: StreamTicket | MetadataTicket = MetadataTicket(
-            dataset=_required(fields.string("dataset", required=True)),
-            population=fields.string("population"),
-        )
-    else:
-        command = StreamCommand._read(fields)
-        ticket = StreamTicket(
-            **asdict(command) | {"columns": command.columns},
-            rank=_default(fields.integer("rank"), 0),
-            offset=_default(fields.integer("offset"), 0),
-        )
-        if ticket.rank >= ticket.world_size:
-            raise ProtocolError(
-                f"'rank' must be < 'world_size' ({ticket.world_size}), got {ticket.rank}"
-            )
-    fields.finish()
-    return ticket
 
 
 @dataclass(frozen=True)
@@ -207,7 +105,6 @@ class ActionBody:
 
     dataset: str | None = None
     epoch_len: int | None = None
-    keys: tuple[str, ...] = field(default=())
 
     @classmethod
     def parse(cls, raw: bytes, *, dataset: bool, epoch_len: bool) -> ActionBody:

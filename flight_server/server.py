@@ -9,8 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -21,14 +20,7 @@ from dataset_rt import _native
 from flight_server.auth import BearerAuthFactory, TokenFile, require_admin
 from flight_server.catalog import Catalog
 from flight_server.errors import ProtocolError, to_flight_error
-from flight_server.protocol import (
-    ActionBody,
-    MetadataTicket,
-    PutCommand,
-    StreamCommand,
-    StreamTicket,
-    parse_ticket,
-)
+from flight_server.protocol import ActionBody, PutCommand
 
 log = logging.getLogger("flight_server")
 
@@ -84,7 +76,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             self.locations = []
         else:
             self.locations = [self.location]
-        self._catalog = catalog
+        self.catalog = catalog
         self._batch_size = batch_size
         self._prefetch_size = prefetch_size
 
@@ -93,7 +85,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     @_flight_errors
     def list_flights(self, context: Any, criteria: bytes) -> list[flight.FlightInfo]:
         # A list, not a generator: errors must be raised inside the error mapping.
-        return [self._dataset_info(name) for name in self._catalog.names()]
+        return [self._dataset_info(name) for name in self.catalog.names()]
 
     @_flight_errors
     def get_flight_info(
@@ -103,77 +95,45 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             if len(descriptor.path) != 1:
                 raise ProtocolError("a path descriptor names one dataset: [NAME]")
             return self._dataset_info(descriptor.path[0].decode())
-        command = self._resolve(StreamCommand.parse(descriptor.command))
-        schema = self._schema(command)
-        epoch_len = command.epoch_len or 0
+        request = _native.StreamRequest.from_command(descriptor.command)
+        service = self.catalog.get(request.dataset)
+        pinned = service.pin(request)
         endpoints = [
-            flight.FlightEndpoint(
-                StreamTicket.from_command(command, rank=rank).encode(), self.locations
-            )
-            for rank in range(command.world_size)
+            flight.FlightEndpoint(pinned.for_rank(rank).to_json(), self.locations)
+            for rank in range(pinned.world_size)
         ]
-        return flight.FlightInfo(schema, descriptor, endpoints, epoch_len, -1)
+        return flight.FlightInfo(
+            _schema(service, pinned), descriptor, endpoints, pinned.epoch_len or 0, -1
+        )
 
     def _dataset_info(self, name: str) -> flight.FlightInfo:
-        service = self._catalog.get(name)
+        service = self.catalog.get(name)
         active = service.active()
-        command = StreamCommand(
-            dataset=name,
-            seed=0,
-            epoch=0,
-            population=active["population"],
-            epoch_len=active["epoch_len"],
-        )
+        request = service.pin(_native.StreamRequest(dataset=name, seed=0, epoch=0))
         metadata_ticket = json.dumps({"dataset": name, "metadata": True}).encode()
         return flight.FlightInfo(
-            self._schema(command),
+            _schema(service, request),
             flight.FlightDescriptor.for_path(name),
             [flight.FlightEndpoint(metadata_ticket, self.locations)],
-            active["rows"],
+            active.rows,
             -1,
         )
-
-    def _resolve(self, command: StreamCommand) -> StreamCommand:
-        """Pin the population and epoch length so that a ticket is self-contained."""
-        if command.population is not None and command.epoch_len is not None:
-            return command
-        active = self._catalog.get(command.dataset).active()
-        return replace(
-            command,
-            population=command.population or active["population"],
-            epoch_len=command.epoch_len or active["epoch_len"],
-        )
-
-    def _native_stream(self, ticket: StreamTicket) -> _native.BatchStream:
-        service = self._catalog.get(ticket.dataset)
-        stream: _native.BatchStream = service.stream(
-            **ticket.stream_arguments(),
-            batch_size=self._batch_size,
-            prefetch_size=self._prefetch_size,
-        )
-        return stream
-
-    def _schema(self, command: StreamCommand) -> pa.Schema:
-        """The stream schema, checking on the way that the request can be served."""
-        ticket = StreamTicket.from_command(command, rank=0)
-        service = self._catalog.get(ticket.dataset)
-        empty = service.schema(**ticket.stream_arguments())
-        return pa.table(empty).schema
 
     # -- data -------------------------------------------------------------------
 
     @_flight_errors
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
-        parsed = parse_ticket(ticket.ticket)
-        if isinstance(parsed, MetadataTicket):
-            service = self._catalog.get(parsed.dataset)
+        parsed = _native.parse_ticket(ticket.ticket)
+        if isinstance(parsed, _native.MetadataRequest):
+            service = self.catalog.get(parsed.dataset)
             return flight.RecordBatchStream(pa.table(service.metadata(parsed.population)))
-        resolved = self._resolve(
-            StreamCommand(**{k: getattr(parsed, k) for k in StreamCommand.__dataclass_fields__})
+        stream = self.catalog.get(parsed.dataset).stream(
+            parsed, batch_size=self._batch_size, prefetch_size=self._prefetch_size
         )
-        parsed = replace(parsed, population=resolved.population, epoch_len=resolved.epoch_len)
-        reader = pa.RecordBatchReader.from_stream(self._native_stream(parsed))
-        return flight.RecordBatchStream(reader)
+        reader = pa.RecordBatchReader.from_stream(stream)
+        return flight.RecordBatchStream(
+            pa.RecordBatchReader.from_batches(reader.schema, _mid_stream_errors(reader, stream))
+        )
 
     @_flight_errors
     def do_put(
@@ -187,10 +147,10 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         if descriptor.descriptor_type != flight.DescriptorType.CMD:
             raise ProtocolError('do_put needs a command descriptor: {"dataset", "activate"?}')
         command = PutCommand.parse(descriptor.command)
-        service = self._catalog.get(command.dataset)
+        service = self.catalog.get(command.dataset)
         table = reader.read_all()
         population, rows = service.put(table, command.activate)
-        epoch_len = service.active()["epoch_len"] if command.activate else rows
+        epoch_len = service.active().epoch_len if command.activate else rows
         log.info("%s: stored population %s (%d rows)", command.dataset, population, rows)
         answer = {"population": population, "rows": rows, "epoch_len": epoch_len}
         writer.write(pa.py_buffer(json.dumps(answer).encode()))
@@ -208,28 +168,59 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             case "set_epoch_len":
                 require_admin(context, "set_epoch_len")
                 parsed = ActionBody.parse(body, dataset=True, epoch_len=True)
-                service = self._catalog.require(parsed.dataset)
+                service = self.catalog.require(parsed.dataset)
                 epoch_len = service.set_epoch_len(parsed.epoch_len or 0)
                 answer: Any = {"dataset": parsed.dataset, "epoch_len": epoch_len}
             case "list_populations":
                 parsed = ActionBody.parse(body, dataset=True, epoch_len=False)
-                service = self._catalog.require(parsed.dataset)
+                service = self.catalog.require(parsed.dataset)
+                active = service.active()
                 answer = {
                     "dataset": parsed.dataset,
-                    "active": service.active(),
+                    "active": {
+                        "population": active.population,
+                        "epoch_len": active.epoch_len,
+                        "rows": active.rows,
+                    },
                     "populations": service.populations(),
                 }
             case "health":
-                answer = {"status": "ok", "datasets": self._catalog.names()}
+                answer = {"status": "ok", "datasets": self.catalog.names()}
             case "stats":
                 answer = {}
-                for name in self._catalog.names():
-                    service = self._catalog.get(name)
+                for name in self.catalog.names():
+                    service = self.catalog.get(name)
+                    stats = service.stats()
                     answer[name] = {
-                        "rows": service.active()["rows"],
+                        "rows": service.active().rows,
                         "populations": len(service.populations()),
-                        **service.stats(),
+                        "streams": stats.streams,
+                        "rows_sent": stats.rows_sent,
+                        "bytes_sent": stats.bytes_sent,
                     }
             case other:
                 raise ProtocolError(f"unknown action {other!r}; the actions are {sorted(ACTIONS)}")
         return [json.dumps(answer).encode()]
+
+
+def _schema(service: _native.DatasetService, request: _native.StreamRequest) -> pa.Schema:
+    """The stream's schema, checking on the way that the request can be served."""
+    return pa.table(service.schema(request)).schema
+
+
+def _mid_stream_errors(
+    reader: pa.RecordBatchReader, stream: _native.BatchStream
+) -> Iterator[pa.RecordBatch]:
+    """The reader's batches. A failure met while streaming (a corrupt record, a
+    failed worker) gets the status of its error class: INTERNAL for damage and
+    internal failures, so that the client resumes on another replica."""
+    try:
+        yield from reader
+    except pa.ArrowException as error:
+        try:
+            stream.raise_failure()
+        except Exception as typed:
+            log.warning("do_get failed while streaming: %s", typed)
+            raise to_flight_error(typed) from None
+        log.warning("do_get failed while streaming: %s", error)
+        raise flight.FlightInternalError(f"the stream failed: {error}") from None

@@ -367,8 +367,8 @@ def test_shards_rotate_at_max_shard_bytes(runtime: drt.DatasetRuntime, tmp_path:
     assert any(s["bytes"] == 5000 and s["records"] == 1 for s in manifest["shards"])
     assert read_all(runtime, path, 100) == [r.data for r in records]
     report = drt._native.verify_cache(str(path))
-    assert report["records"] == 100
-    assert report["files"] == 3 + len(shard_files)
+    assert report.records == 100
+    assert report.files == 3 + len(shard_files)
 
 
 # -- cache identity -----------------------------------------------------------------

@@ -75,7 +75,7 @@ def partials(base: Path) -> list[Path]:
 def assert_complete(runtime: drt.DatasetRuntime, cache: Path) -> None:
     """The cache passes full verification and holds exactly what the writer wrote."""
     report = _native.verify_cache(str(cache))
-    assert report["records"] == RECORDS
+    assert report.records == RECORDS
     dataset = runtime.cached_dataset(
         [cache], reader_config=drt.ReaderConfig(seed=0, validate_cache=True)
     )

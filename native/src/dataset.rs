@@ -2,6 +2,7 @@
 //! takes. Each new iterator takes the next `epoch_len` positions; an update
 //! resets the position to 0 and the epoch length to the new row count.
 
+use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
@@ -77,11 +78,8 @@ impl Dataset {
         Ok(())
     }
 
-    pub fn set_epoch_len(&self, epoch_len: u64) -> Result<()> {
-        if epoch_len == 0 {
-            return Err(Error::invalid("epoch_len must be >= 1"));
-        }
-        self.cursor()?.epoch_len = epoch_len;
+    pub fn set_epoch_len(&self, epoch_len: NonZeroU64) -> Result<()> {
+        self.cursor()?.epoch_len = epoch_len.get();
         Ok(())
     }
 

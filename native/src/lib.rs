@@ -6,6 +6,7 @@
 pub mod dataset;
 pub mod error;
 pub mod population;
+pub mod request;
 pub mod sampling;
 pub mod service;
 pub mod storage;

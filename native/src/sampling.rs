@@ -3,9 +3,15 @@
 //!
 //! The generator is SplitMix64 used as a counter-based hash: the random word for
 //! position `k` is `mix(key + (k + 1) * GAMMA)`, where `key` is the mixed seed.
-//! Weighted draws use Vose's alias table (built in O(rows), O(1) per draw): the
-//! high 64 bits of `word * rows` pick a column and the low 64 bits are a uniform
-//! fraction compared with the column's threshold.
+//! Weighted draws use Vose's alias table (built in O(rows), O(1) per draw): of
+//! the 128-bit product `word * rows`, the high 64 bits pick a column and bits
+//! 32..64 (the top 32 bits of the low half; the lowest 32 bits are discarded) are
+//! a 32-bit fraction compared with the column's 32-bit threshold. A threshold is
+//! the column's own share rounded down to a multiple of 2^-32, so weights are
+//! resolved to a quantum of 2^-32 per column (2^-32 of the mean weight); see
+//! `docs/sampling.md`.
+
+use std::num::NonZeroU64;
 
 use crate::error::{Error, Result};
 
@@ -118,8 +124,10 @@ impl AliasTable {
         self.columns.is_empty()
     }
 
-    /// The row drawn by the random word `word`: the high 64 bits of
-    /// `word * rows` pick the column, the next 32 bits are the fraction.
+    /// The row drawn by the random word `word`: of the 128-bit product
+    /// `word * rows`, the high 64 bits pick the column and the next 32 bits
+    /// (bits 32..64) are the fraction; the column is kept when the fraction is
+    /// below its threshold, otherwise its alias is drawn.
     #[inline]
     pub fn sample(&self, word: u64) -> usize {
         let product = word as u128 * self.columns.len() as u128;
@@ -235,6 +243,72 @@ impl StreamOrder {
     }
 }
 
+/// Most ranks one epoch can be split into (a larger world is refused before
+/// any work starts).
+pub const MAX_WORLD_SIZE: u64 = 1 << 32;
+
+/// One rank's share of a window: `rank` of `world_size` takes every
+/// `world_size`-th position starting at `rank`, then skips its first `offset`
+/// samples. Every rank takes the same number; the remainder goes to no rank.
+/// The one implementation of the partition rule, for both faces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partition {
+    rank: u64,
+    world_size: NonZeroU64,
+    offset: u64,
+}
+
+impl Partition {
+    /// The whole window, from its first position.
+    pub const WHOLE: Partition = Partition {
+        rank: 0,
+        world_size: NonZeroU64::MIN,
+        offset: 0,
+    };
+
+    pub fn new(rank: u64, world_size: u64, offset: u64) -> Result<Self> {
+        let world = NonZeroU64::new(world_size)
+            .filter(|w| w.get() <= MAX_WORLD_SIZE)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "'world_size' must be between 1 and {MAX_WORLD_SIZE} (and 'rank' below it), \
+                     got world_size={world_size} rank={rank}"
+                ))
+            })?;
+        if rank >= world_size {
+            return Err(Error::invalid(format!(
+                "'rank' must be < 'world_size' ({world_size}), got {rank}"
+            )));
+        }
+        Ok(Partition {
+            rank,
+            world_size: world,
+            offset,
+        })
+    }
+
+    /// The positions of `window` this partition reads.
+    pub fn of(&self, window: &StreamWindow) -> Result<StreamWindow> {
+        let (rank, world_size, offset) = (self.rank, self.world_size.get(), self.offset);
+        let per_rank = window.count / world_size;
+        let remaining = per_rank.saturating_sub(offset);
+        let stride = window
+            .stride
+            .checked_mul(world_size)
+            .ok_or_else(|| Error::invalid("stride * world_size overflows"))?;
+        let first = rank
+            .checked_add(offset.min(per_rank).saturating_mul(world_size))
+            .and_then(|i| i.checked_mul(window.stride))
+            .and_then(|d| d.checked_add(window.start))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "the partition's first position overflows (rank {rank}, offset {offset})"
+                ))
+            })?;
+        StreamWindow::new(first, remaining, stride)
+    }
+}
+
 /// A strided window of a stream: positions `start + i * stride` for `i < count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamWindow {
@@ -266,27 +340,15 @@ impl StreamWindow {
         })
     }
 
-    /// The window of one partition: `rank` of `world_size` takes every
-    /// `world_size`-th position of this window starting at `rank`, then skips
-    /// its first `offset` samples.
-    pub fn partition(&self, rank: u64, world_size: u64, offset: u64) -> Result<Self> {
-        if world_size == 0 || rank >= world_size {
-            return Err(Error::invalid(format!(
-                "rank must be in 0..world_size, got rank={rank} world_size={world_size}"
-            )));
-        }
-        let per_rank = self.count / world_size;
-        let remaining = per_rank.saturating_sub(offset);
-        let stride = self
-            .stride
-            .checked_mul(world_size)
-            .ok_or_else(|| Error::invalid("stride * world_size overflows"))?;
-        let first = rank
-            .checked_add(offset.min(per_rank).saturating_mul(world_size))
-            .and_then(|i| i.checked_mul(self.stride))
-            .and_then(|d| d.checked_add(self.start))
-            .ok_or_else(|| Error::invalid("the partition's first position overflows"))?;
-        StreamWindow::new(first, remaining, stride)
+    /// Epoch `epoch` of length `epoch_len`: positions `[e * L, (e + 1) * L)`.
+    pub fn epoch(epoch: u64, epoch_len: NonZeroU64) -> Result<Self> {
+        let start = epoch.checked_mul(epoch_len.get()).ok_or_else(|| {
+            Error::invalid(format!(
+                "epoch {epoch} x epoch_len {epoch_len} is past the end of the stream \
+                 (2**64 positions)"
+            ))
+        })?;
+        StreamWindow::new(start, epoch_len.get(), 1)
     }
 
     #[inline]
@@ -340,14 +402,14 @@ mod tests {
         let w = StreamWindow::new(100, 10, 1).unwrap();
         let parts: Vec<Vec<u64>> = (0..3)
             .map(|r| {
-                let p = w.partition(r, 3, 0).unwrap();
+                let p = Partition::new(r, 3, 0).unwrap().of(&w).unwrap();
                 (0..p.count).map(|i| p.position(i)).collect()
             })
             .collect();
         assert_eq!(parts[0], vec![100, 103, 106]);
         assert_eq!(parts[1], vec![101, 104, 107]);
         assert_eq!(parts[2], vec![102, 105, 108]);
-        assert!(w.partition(3, 3, 0).is_err());
+        assert!(Partition::new(3, 3, 0).is_err());
     }
 
     proptest! {
@@ -379,8 +441,8 @@ mod tests {
         fn offsets_resume_partitions(count in 0u64..500, world in 1u64..8, offset in 0u64..100) {
             let w = StreamWindow::new(17, count, 1).unwrap();
             for rank in 0..world {
-                let full = w.partition(rank, world, 0).unwrap();
-                let tail = w.partition(rank, world, offset).unwrap();
+                let full = Partition::new(rank, world, 0).unwrap().of(&w).unwrap();
+                let tail = Partition::new(rank, world, offset).unwrap().of(&w).unwrap();
                 let full: Vec<u64> = (0..full.count).map(|i| full.position(i)).collect();
                 let tail: Vec<u64> = (0..tail.count).map(|i| tail.position(i)).collect();
                 let skip = (offset as usize).min(full.len());

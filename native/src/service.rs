@@ -6,6 +6,7 @@
 //! store directory, so any replica resolves any ticket to the same stream.
 
 use std::collections::{HashMap, VecDeque};
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,7 @@ use arrow_array::RecordBatch;
 
 use crate::error::{Error, Result};
 use crate::population::{canonical, ActivePopulation, Population, PopulationStore};
+use crate::request::StreamRequest;
 use crate::sampling::{StreamOrder, StreamWindow};
 use crate::storage::CacheSet;
 use crate::stream::{BatchContext, EpochStream, StreamCounters, StreamOptions, WorkerPool};
@@ -23,42 +25,6 @@ const LOADED_POPULATIONS: usize = 8;
 
 /// Recently used populations by id, with their use order (oldest first).
 type LoadedPopulations = (HashMap<String, Arc<Population>>, VecDeque<String>);
-
-/// What a stream request names (all resolved to concrete values).
-#[derive(Debug, Clone)]
-pub struct StreamRequest {
-    pub population: String,
-    pub seed: u64,
-    pub shuffle: bool,
-    pub epoch: u64,
-    pub epoch_len: u64,
-    pub rank: u64,
-    pub world_size: u64,
-    pub offset: u64,
-    pub columns: Vec<String>,
-    pub batch_rows: usize,
-    pub prefetch_rows: usize,
-}
-
-impl StreamRequest {
-    /// The positions this request reads.
-    pub fn window(&self) -> Result<StreamWindow> {
-        if self.epoch_len == 0 {
-            return Err(Error::invalid("epoch_len must be >= 1"));
-        }
-        let start = self.epoch.checked_mul(self.epoch_len).ok_or_else(|| {
-            Error::invalid(format!(
-                "epoch {} x epoch_len {} is past the end of the stream (2**64 positions)",
-                self.epoch, self.epoch_len
-            ))
-        })?;
-        StreamWindow::new(start, self.epoch_len, 1)?.partition(
-            self.rank,
-            self.world_size,
-            self.offset,
-        )
-    }
-}
 
 pub struct DatasetService {
     name: String,
@@ -159,19 +125,38 @@ impl DatasetService {
         Ok((id, rows))
     }
 
-    pub fn set_epoch_len(&self, epoch_len: u64) -> Result<ActivePopulation> {
-        if epoch_len == 0 {
-            return Err(Error::invalid("epoch_len must be >= 1"));
-        }
+    pub fn set_epoch_len(&self, epoch_len: NonZeroU64) -> Result<ActivePopulation> {
         let mut active = self.active()?;
-        active.epoch_len = epoch_len;
+        active.epoch_len = epoch_len.get();
         self.store.set_active(&active)?;
         Ok(active)
     }
 
+    /// The request with the active population and epoch length filled in where
+    /// it names none: a self-contained ticket that any replica serves alike.
+    pub fn pin(&self, request: &StreamRequest) -> Result<StreamRequest> {
+        if let (Some(_), Some(_)) = (&request.population, request.epoch_len) {
+            return Ok(request.clone());
+        }
+        let active = self.active()?;
+        let epoch_len = NonZeroU64::new(active.epoch_len).ok_or_else(|| {
+            Error::internal(format!(
+                "dataset '{}' has an active epoch length of 0",
+                self.name
+            ))
+        })?;
+        request.pinned(&active.population, epoch_len)
+    }
+
     fn context(&self, request: &StreamRequest) -> Result<BatchContext> {
-        let window = request.window()?;
-        let population = self.population(&request.population)?;
+        let request = self.pin(request)?;
+        let (Some(population), Some(epoch_len)) = (&request.population, request.epoch_len) else {
+            return Err(Error::internal("a pinned request names no population"));
+        };
+        let window = request
+            .partition()?
+            .of(&StreamWindow::epoch(request.epoch, epoch_len)?)?;
+        let population = self.population(population.as_str())?;
         BatchContext::new(
             self.caches.clone(),
             population,
@@ -188,13 +173,13 @@ impl DatasetService {
     }
 
     /// Open the stream a request names.
-    pub fn stream(&self, request: &StreamRequest, pool: Arc<WorkerPool>) -> Result<EpochStream> {
+    pub fn stream(
+        &self,
+        request: &StreamRequest,
+        pool: Arc<WorkerPool>,
+        options: StreamOptions,
+    ) -> Result<EpochStream> {
         let ctx = self.context(request)?;
-        let options = StreamOptions {
-            batch_rows: request.batch_rows,
-            prefetch_rows: request.prefetch_rows,
-            ..StreamOptions::default()
-        };
         let stream = EpochStream::new(ctx, pool, options)?.with_counters(self.counters.clone());
         self.streams.fetch_add(1, Ordering::Relaxed);
         Ok(stream)

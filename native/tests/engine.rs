@@ -2,6 +2,7 @@
 //! End-to-end tests of the pure-Rust engine: write caches, open them, validate
 //! populations and read windows of the stream.
 
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use arrow_array::types::UInt64Type;
 use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, UInt64Array};
 use arrow_schema::{DataType, Field, Schema};
 use dataset_rt_native::population::Population;
-use dataset_rt_native::sampling::{StreamOrder, StreamWindow};
+use dataset_rt_native::sampling::{Partition, StreamOrder, StreamWindow};
 use dataset_rt_native::storage::{
     Cache, CacheSet, CacheWriter, Codec, ColumnSpec, Compression, EncodedRecord, MetaType,
     MetaValue, WriterOptions,
@@ -199,7 +200,7 @@ fn ranks_cover_an_epoch_and_prefetch_never_changes_the_stream() {
     let population = Arc::new(Population::full(&set).unwrap());
     let order = StreamOrder::new(true, 11);
     let epoch = StreamWindow::new(130, 65, 1).unwrap();
-    let pool = Arc::new(WorkerPool::new(3).unwrap());
+    let pool = Arc::new(WorkerPool::new(NonZeroUsize::new(3).unwrap()).unwrap());
     let full = read_ids(
         &set,
         &population,
@@ -217,7 +218,7 @@ fn ranks_cover_an_epoch_and_prefetch_never_changes_the_stream() {
     assert_eq!(full, read_ids(&set, &population, order, epoch, &pool, tiny));
     let mut merged: Vec<(u64, u64, u64)> = (0..4)
         .flat_map(|rank| {
-            let part = epoch.partition(rank, 4, 0).unwrap();
+            let part = Partition::new(rank, 4, 0).unwrap().of(&epoch).unwrap();
             read_ids(&set, &population, order, part, &pool, tiny)
         })
         .collect();
@@ -234,7 +235,7 @@ proptest! {
         let set = caches(dir.path());
         let population = Arc::new(Population::full(&set).unwrap());
         let order = StreamOrder::new(shuffle, seed);
-        let pool = Arc::new(WorkerPool::new(2).unwrap());
+        let pool = Arc::new(WorkerPool::new(NonZeroUsize::new(2).unwrap()).unwrap());
         let opts = StreamOptions { batch_rows: 7, ..StreamOptions::default() };
         let whole = read_ids(&set, &population, order, StreamWindow::new(start, n + m, 1).unwrap(), &pool, opts);
         let mut parts = read_ids(&set, &population, order, StreamWindow::new(start, n, 1).unwrap(), &pool, opts);

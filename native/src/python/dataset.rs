@@ -5,21 +5,24 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type, UInt64Type};
-use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array};
-use arrow_schema::{DataType, Field, Schema};
+use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchReader, UInt32Array};
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyString, PyType};
 
+use super::args::{positive, positive_usize, positive_usize_or, unsigned};
 use super::arrow::{concat, export_stream, import_table, ArrowTable};
-use super::errors::{to_pyerr, IntoPyResult};
+use super::errors::{to_pyerr, Failure, IntoPyResult};
 use super::Runtime;
 use crate::dataset::Dataset as EngineDataset;
 use crate::error::Error;
 use crate::population::Population;
-use crate::sampling::{StreamOrder, StreamWindow};
+use crate::sampling::{Partition, StreamOrder, StreamWindow};
 use crate::storage::CacheSet;
-use crate::stream::{draw_rows, BatchContext, EpochStream, StreamOptions, WorkerPool};
+use crate::stream::{
+    draw_rows, BaseColumn, BatchContext, EpochStream, StreamOptions, WorkerPool, BASE_COLUMNS,
+};
 
 /// Rows per batch behind the per-sample iterator.
 const SAMPLE_BATCH_ROWS: usize = 256;
@@ -66,23 +69,6 @@ impl Dataset {
     }
 }
 
-fn check_batch_size(batch_size: i64) -> PyResult<usize> {
-    if batch_size < 1 {
-        return Err(Error::invalid(format!(
-            "batch_size must be >= 1, got {batch_size}"
-        )))
-        .py();
-    }
-    Ok(batch_size as usize)
-}
-
-fn non_negative(name: &str, value: i64) -> PyResult<u64> {
-    if value < 0 {
-        return Err(Error::invalid(format!("{name} must be >= 0, got {value}"))).py();
-    }
-    Ok(value as u64)
-}
-
 #[pymethods]
 impl Dataset {
     #[new]
@@ -93,12 +79,10 @@ impl Dataset {
         paths: Vec<PathBuf>,
         seed: u64,
         shuffle: bool,
-        prefetch_size: usize,
+        prefetch_size: &Bound<'_, PyAny>,
         validate_cache: bool,
     ) -> PyResult<Self> {
-        if prefetch_size == 0 {
-            return Err(Error::invalid("prefetch_size must be >= 1")).py();
-        }
+        let prefetch_size = positive_usize("prefetch_size", prefetch_size)?.get();
         let inner = py
             .detach(|| {
                 let caches = Arc::new(CacheSet::open(&paths, validate_cache)?);
@@ -161,25 +145,31 @@ impl Dataset {
         self.inner.activate(population).py()
     }
 
-    fn set_epoch_len(&self, epoch_len: i64) -> PyResult<()> {
-        if epoch_len < 1 {
-            return Err(Error::invalid(format!(
-                "epoch_len must be >= 1, got {epoch_len}"
-            )))
-            .py();
-        }
-        self.inner.set_epoch_len(epoch_len as u64).py()
+    fn set_epoch_len(&self, epoch_len: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner
+            .set_epoch_len(positive("epoch_len", epoch_len)?)
+            .py()
     }
 
     /// Take the next epoch as a per-sample iterator (partitioned by rank).
-    #[pyo3(signature = (rank=0, world_size=1))]
-    fn samples(&self, rank: i64, world_size: i64) -> PyResult<SampleIterator> {
-        let rank = non_negative("rank", rank)?;
-        let world_size = non_negative("world_size", world_size)?;
+    #[pyo3(signature = (rank=None, world_size=None))]
+    fn samples(
+        &self,
+        rank: Option<&Bound<'_, PyAny>>,
+        world_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<SampleIterator> {
+        let partition = match (rank, world_size) {
+            (None, None) => Partition::WHOLE,
+            (rank, world_size) => {
+                let rank = rank.map(|r| unsigned("rank", r)).transpose()?.unwrap_or(0);
+                let world = world_size.map(|w| positive("world_size", w)).transpose()?;
+                Partition::new(rank, world.map_or(1, |w| w.get()), 0).py()?
+            }
+        };
         let stream = self
             .inner
             .next_epoch_with(|epoch| {
-                let window = epoch.window.partition(rank, world_size, 0)?;
+                let window = partition.of(&epoch.window)?;
                 self.open_stream(epoch.population, window, None, SAMPLE_BATCH_ROWS)
             })
             .py()?;
@@ -187,9 +177,13 @@ impl Dataset {
     }
 
     /// Take the next epoch as record batches.
-    #[pyo3(signature = (columns, *, batch_size=1024))]
-    fn batches(&self, columns: Option<Vec<String>>, batch_size: i64) -> PyResult<BatchStream> {
-        let batch_rows = check_batch_size(batch_size)?;
+    #[pyo3(signature = (columns, *, batch_size=None))]
+    fn batches(
+        &self,
+        columns: Option<Vec<String>>,
+        batch_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<BatchStream> {
+        let batch_rows = positive_usize_or("batch_size", batch_size, 1024)?;
         let stream = self
             .inner
             .next_epoch_with(|epoch| {
@@ -200,22 +194,17 @@ impl Dataset {
     }
 
     /// Any window of the stream, without moving the dataset's position.
-    #[pyo3(signature = (start, count, stride, columns, *, batch_size=1024))]
+    #[pyo3(signature = (start, count, stride, columns, *, batch_size=None))]
     fn stream(
         &self,
-        start: i64,
-        count: i64,
-        stride: i64,
+        start: &Bound<'_, PyAny>,
+        count: &Bound<'_, PyAny>,
+        stride: &Bound<'_, PyAny>,
         columns: Option<Vec<String>>,
-        batch_size: i64,
+        batch_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BatchStream> {
-        let batch_rows = check_batch_size(batch_size)?;
-        let window = StreamWindow::new(
-            non_negative("start", start)?,
-            non_negative("count", count)?,
-            non_negative("stride", stride)?,
-        )
-        .py()?;
+        let batch_rows = positive_usize_or("batch_size", batch_size, 1024)?;
+        let window = window(start, count, stride)?;
         let population = self.inner.population().py()?;
         let stream = self
             .open_stream(population, window, columns, batch_rows)
@@ -227,16 +216,11 @@ impl Dataset {
     fn draw_rows(
         &self,
         py: Python<'_>,
-        start: i64,
-        count: i64,
-        stride: i64,
+        start: &Bound<'_, PyAny>,
+        count: &Bound<'_, PyAny>,
+        stride: &Bound<'_, PyAny>,
     ) -> PyResult<ArrowTable> {
-        let window = StreamWindow::new(
-            non_negative("start", start)?,
-            non_negative("count", count)?,
-            non_negative("stride", stride)?,
-        )
-        .py()?;
+        let window = window(start, count, stride)?;
         let population = self.inner.population().py()?;
         let order = self.inner.order();
         let rows = py
@@ -294,11 +278,31 @@ impl Dataset {
     }
 }
 
+/// The window `start, start + stride, ...` (`count` positions).
+fn window(
+    start: &Bound<'_, PyAny>,
+    count: &Bound<'_, PyAny>,
+    stride: &Bound<'_, PyAny>,
+) -> PyResult<StreamWindow> {
+    let stride = positive("stride", stride)?;
+    StreamWindow::new(
+        unsigned("start", start)?,
+        unsigned("count", count)?,
+        stride.get(),
+    )
+    .py()
+}
+
 /// A one-shot stream of record batches, consumed through `__arrow_c_stream__`.
+///
+/// An error met while streaming leaves the C stream as text; the stream also
+/// keeps it with its class, and `raise_failure` raises it as the engine's own
+/// exception (`CorruptCacheError`, `InternalError`, ...).
 #[pyclass(frozen, module = "dataset_rt._native")]
 pub struct BatchStream {
     stream: Mutex<Option<EpochStream>>,
     names: Vec<String>,
+    failure: Arc<Mutex<Option<Failure>>>,
 }
 
 impl BatchStream {
@@ -312,7 +316,33 @@ impl BatchStream {
         BatchStream {
             stream: Mutex::new(Some(stream)),
             names,
+            failure: Arc::new(Mutex::new(None)),
         }
+    }
+}
+
+/// The stream as an Arrow reader that records its first error.
+struct RecordingReader {
+    stream: EpochStream,
+    failure: Arc<Mutex<Option<Failure>>>,
+}
+
+impl Iterator for RecordingReader {
+    type Item = Result<RecordBatch, ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(self.stream.next_batch()?.map_err(|error| {
+            if let Ok(mut slot) = self.failure.lock() {
+                slot.get_or_insert_with(|| Failure::of(&error));
+            }
+            ArrowError::ExternalError(Box::new(error))
+        }))
+    }
+}
+
+impl RecordBatchReader for RecordingReader {
+    fn schema(&self) -> SchemaRef {
+        self.stream.schema()
     }
 }
 
@@ -331,12 +361,29 @@ impl BatchStream {
             .map_err(|_| to_pyerr(Error::internal("the stream's lock is poisoned")))?
             .take()
             .ok_or_else(|| to_pyerr(Error::invalid("this stream was already consumed")))?;
-        export_stream(py, Box::new(stream))
+        let reader = RecordingReader {
+            stream,
+            failure: self.failure.clone(),
+        };
+        export_stream(py, Box::new(reader))
     }
 
     #[getter]
     fn schema_names(&self) -> Vec<String> {
         self.names.clone()
+    }
+
+    /// Raise the error that ended the stream, if one did (as its own class).
+    fn raise_failure(&self, py: Python<'_>) -> PyResult<()> {
+        let failure = self
+            .failure
+            .lock()
+            .map_err(|_| to_pyerr(Error::internal("the stream's lock is poisoned")))?
+            .clone();
+        match failure {
+            Some(failure) => Err(failure.to_pyerr(py)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -380,9 +427,14 @@ impl SampleIterator {
                     let row = self.row;
                     self.row += 1;
                     self.remaining = self.remaining.saturating_sub(1);
-                    let payload = batch.column(3).as_binary::<i64>().value(row);
-                    let cache_id = batch.column(1).as_primitive::<UInt64Type>().value(row);
-                    let sample_id = batch.column(2).as_primitive::<UInt64Type>().value(row);
+                    let column = |c: BaseColumn| batch.column(c.index());
+                    let payload = column(BaseColumn::Payload).as_binary::<i64>().value(row);
+                    let cache_id = column(BaseColumn::CacheId)
+                        .as_primitive::<UInt64Type>()
+                        .value(row);
+                    let sample_id = column(BaseColumn::SampleId)
+                        .as_primitive::<UInt64Type>()
+                        .value(row);
                     let dict = metadata_dict(py, &self.columns, row)?;
                     let data = PyBytes::new(py, payload).into_any();
                     return make_sample(py, data, dict, cache_id, sample_id).map(Some);
@@ -402,7 +454,7 @@ impl SampleIterator {
                             .fields()
                             .iter()
                             .enumerate()
-                            .skip(4)
+                            .skip(BASE_COLUMNS.len())
                             .map(|(i, f)| {
                                 (
                                     PyString::new(py, f.name()).unbind(),
@@ -412,7 +464,7 @@ impl SampleIterator {
                             .collect();
                     } else {
                         for (i, slot) in self.columns.iter_mut().enumerate() {
-                            slot.1 = batch.column(i + 4).clone();
+                            slot.1 = batch.column(i + BASE_COLUMNS.len()).clone();
                         }
                     }
                     self.batch = Some(batch);
@@ -461,7 +513,29 @@ fn metadata_dict<'py>(
     Ok(dict)
 }
 
+/// `CachedSample(data, metadata, cache_id, sample_id)`: a named tuple made
+/// here (re-exported by `dataset_rt.records`), so reading never imports the
+/// package above this module.
 static SAMPLE_TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+pub fn sample_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    let class = SAMPLE_TYPE.get_or_try_init(py, || -> PyResult<Py<PyType>> {
+        let fields = ["data", "metadata", "cache_id", "sample_id"];
+        let class = py
+            .import("collections")?
+            .getattr("namedtuple")?
+            .call1(("CachedSample", fields))?
+            .cast_into::<PyType>()?;
+        class.setattr("__module__", "dataset_rt.records")?;
+        class.setattr(
+            "__doc__",
+            "One sample of an epoch stream (or of `CachedDataset.get_item`): the \
+             payload bytes, the metadata dict, and the record's identity.",
+        )?;
+        Ok(class.unbind())
+    })?;
+    Ok(class.bind(py))
+}
 
 fn make_sample(
     py: Python<'_>,
@@ -470,15 +544,7 @@ fn make_sample(
     cache_id: u64,
     sample_id: u64,
 ) -> PyResult<Py<PyAny>> {
-    let class = SAMPLE_TYPE.get_or_try_init(py, || -> PyResult<Py<PyType>> {
-        Ok(py
-            .import("dataset_rt.records")?
-            .getattr("CachedSample")?
-            .cast_into::<PyType>()?
-            .unbind())
-    })?;
-    Ok(class
-        .bind(py)
+    Ok(sample_type(py)?
         .call1((data, metadata, cache_id, sample_id))?
         .unbind())
 }

@@ -1,17 +1,145 @@
-//! The one conversion from engine errors to Python exceptions. The classes live
-//! in `dataset_rt/errors.py` so that Python code can subclass and document them.
+//! The exception classes and the one conversion from engine errors to them.
+//!
+//! The classes are created here, when the extension loads, so that raising one
+//! never depends on importing the Python package above this module;
+//! `dataset_rt.errors` re-exports them. Each also derives from the builtin whose
+//! meaning fits (`ValueError`, `OSError`, `LookupError`, `RuntimeError`), so
+//! callers can catch either.
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyException, PyLookupError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyType;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple, PyType};
 
 use crate::error::Error;
 
-fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
-    py.import("dataset_rt.errors")?
-        .getattr(name)?
+/// (name, builtin base, docstring) of every subclass of `DatasetRTError`.
+const CLASSES: [(&str, Builtin, &str); 8] = [
+    (
+        "CorruptCacheError",
+        Builtin::OSError,
+        "A cache directory is incomplete, malformed, of an unknown format version, or \
+         fails a checksum. The message names the file and the problem.",
+    ),
+    (
+        "CacheIOError",
+        Builtin::OSError,
+        "The operating system refused a read or write (permissions, disk full, ...).",
+    ),
+    (
+        "SchemaMismatchError",
+        Builtin::ValueError,
+        "Records or caches disagree about the metadata schema.",
+    ),
+    (
+        "InvalidPopulationError",
+        Builtin::ValueError,
+        "A metadata table was rejected; the active population is unchanged.\n\n\
+         ``column``, ``row`` (first offending row) and ``count`` (how many rows fail) \
+         are set when the failure is about rows of a column.",
+    ),
+    (
+        "InvalidArgumentError",
+        Builtin::ValueError,
+        "An argument is out of range or of the wrong kind.",
+    ),
+    (
+        "NotFoundError",
+        Builtin::LookupError,
+        "A named dataset, population or cache does not exist.",
+    ),
+    (
+        "SourceError",
+        Builtin::None,
+        "A cache source raised while it was being iterated, or yielded a bad record.",
+    ),
+    (
+        "InternalError",
+        Builtin::RuntimeError,
+        "Something broke inside the engine (a worker failed, a lock was poisoned). \
+         Not caused by the caller's input; over Flight it is INTERNAL, which clients \
+         retry on another replica.",
+    ),
+];
+
+#[derive(Clone, Copy)]
+enum Builtin {
+    None,
+    ValueError,
+    OSError,
+    LookupError,
+    RuntimeError,
+}
+
+/// `DatasetRTError` followed by the classes of `CLASSES`, in that order.
+static TYPES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
+
+fn types(py: Python<'_>) -> PyResult<&Vec<Py<PyType>>> {
+    TYPES.get_or_try_init(py, || {
+        let base = new_class(
+            py,
+            "DatasetRTError",
+            "Base class of every error raised by DatasetRT.",
+            &[py.get_type::<PyException>()],
+        )?;
+        let mut all = vec![base.clone().unbind()];
+        for (name, builtin, doc) in CLASSES {
+            let mut bases = vec![base.clone()];
+            match builtin {
+                Builtin::None => {}
+                Builtin::ValueError => bases.push(py.get_type::<PyValueError>()),
+                Builtin::OSError => bases.push(py.get_type::<PyOSError>()),
+                Builtin::LookupError => bases.push(py.get_type::<PyLookupError>()),
+                Builtin::RuntimeError => bases.push(py.get_type::<PyRuntimeError>()),
+            }
+            let class = new_class(py, name, doc, &bases)?;
+            if name == "InvalidPopulationError" {
+                for attribute in ["column", "row", "count"] {
+                    class.setattr(attribute, py.None())?;
+                }
+            }
+            all.push(class.unbind());
+        }
+        Ok(all)
+    })
+}
+
+fn new_class<'py>(
+    py: Python<'py>,
+    name: &str,
+    doc: &str,
+    bases: &[Bound<'py, PyType>],
+) -> PyResult<Bound<'py, PyType>> {
+    let namespace = PyDict::new(py);
+    namespace.set_item("__doc__", doc)?;
+    namespace.set_item("__module__", "dataset_rt.errors")?;
+    py.get_type::<PyType>()
+        .call1((name, PyTuple::new(py, bases)?, namespace))?
         .cast_into::<PyType>()
         .map_err(PyErr::from)
+}
+
+/// Add the exception classes to the extension module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    for class in types(m.py())? {
+        let class = class.bind(m.py());
+        m.add(class.name()?, class)?;
+    }
+    Ok(())
+}
+
+fn class_of(error: &Error) -> usize {
+    match error {
+        Error::Arrow(_) => 0,
+        Error::CorruptCache { .. } => 1,
+        Error::Io { .. } => 2,
+        Error::Schema(_) => 3,
+        Error::InvalidPopulation { .. } => 4,
+        Error::InvalidArgument(_) => 5,
+        Error::NotFound(_) => 6,
+        Error::Source(_) => 7,
+        Error::Internal(_) => 8,
+    }
 }
 
 pub fn to_pyerr(error: Error) -> PyErr {
@@ -19,19 +147,8 @@ pub fn to_pyerr(error: Error) -> PyErr {
 }
 
 fn build(py: Python<'_>, error: &Error) -> PyResult<PyErr> {
-    let message = error.to_string();
-    let name = match error {
-        Error::CorruptCache { .. } => "CorruptCacheError",
-        Error::Io { .. } => "CacheIOError",
-        Error::Schema(_) => "SchemaMismatchError",
-        Error::InvalidPopulation { .. } => "InvalidPopulationError",
-        Error::InvalidArgument(_) => "InvalidArgumentError",
-        Error::Source(_) => "SourceError",
-        Error::NotFound(_) => "NotFoundError",
-        Error::Internal(_) => "InternalError",
-        Error::Arrow(_) => "DatasetRTError",
-    };
-    let instance = class(py, name)?.call1((message,))?;
+    let class = types(py)?[class_of(error)].bind(py);
+    let instance = class.call1((error.to_string(),))?;
     if let Error::InvalidPopulation {
         column,
         first_row,
@@ -46,6 +163,31 @@ fn build(py: Python<'_>, error: &Error) -> PyResult<PyErr> {
     Ok(PyErr::from_value(instance))
 }
 
+/// An engine error kept as its class and message, to be raised later (an error
+/// met inside an Arrow C stream leaves it as text; this keeps its class).
+#[derive(Debug, Clone)]
+pub struct Failure {
+    class: usize,
+    message: String,
+}
+
+impl Failure {
+    pub fn of(error: &Error) -> Self {
+        Failure {
+            class: class_of(error),
+            message: error.to_string(),
+        }
+    }
+
+    pub fn to_pyerr(&self, py: Python<'_>) -> PyErr {
+        let raised = types(py).and_then(|t| t[self.class].bind(py).call1((self.message.clone(),)));
+        match raised {
+            Ok(instance) => PyErr::from_value(instance),
+            Err(e) => e,
+        }
+    }
+}
+
 /// For `Result`s of the engine inside binding code.
 pub trait IntoPyResult<T> {
     fn py(self) -> PyResult<T>;
@@ -55,8 +197,4 @@ impl<T> IntoPyResult<T> for crate::error::Result<T> {
     fn py(self) -> PyResult<T> {
         self.map_err(to_pyerr)
     }
-}
-
-pub fn value_error(message: impl Into<String>) -> PyErr {
-    PyValueError::new_err(message.into())
 }

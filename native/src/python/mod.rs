@@ -2,19 +2,20 @@
 //! converts arguments, releases the GIL around engine work, and maps errors
 //! through `errors::to_pyerr`.
 
+mod args;
 mod arrow;
+mod cache;
 mod dataset;
 mod errors;
+mod request;
 mod service;
 mod writer;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
-use crate::storage::{Cache, FORMAT_VERSION};
+use crate::storage::FORMAT_VERSION;
 use crate::stream::WorkerPool;
 use errors::IntoPyResult;
 
@@ -27,15 +28,10 @@ pub struct Runtime {
 #[pymethods]
 impl Runtime {
     #[new]
-    fn new(num_workers: i64) -> PyResult<Self> {
-        if num_workers < 1 {
-            return Err(crate::Error::invalid(format!(
-                "num_workers must be >= 1, got {num_workers}"
-            )))
-            .py();
-        }
+    fn new(num_workers: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let size = args::positive_usize("num_workers", num_workers)?;
         Ok(Runtime {
-            pool: Arc::new(WorkerPool::new(num_workers as usize).py()?),
+            pool: Arc::new(WorkerPool::new(size).py()?),
         })
     }
 
@@ -45,58 +41,32 @@ impl Runtime {
     }
 }
 
-/// Open a cache as a reader would; with `full`, verify every file's checksum.
-#[pyfunction]
-fn check_cache(py: Python<'_>, path: PathBuf, full: bool) -> PyResult<()> {
-    py.detach(|| Cache::open(&path, full).map(|_| ())).py()
-}
-
-/// Verify every file and every record; returns what was checked.
-#[pyfunction]
-fn verify_cache<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
-    let (cache_id, report) = py
-        .detach(|| {
-            let cache = Cache::open(&path, false)?;
-            cache.verify().map(|r| (cache.cache_id(), r))
-        })
-        .py()?;
-    let out = PyDict::new(py);
-    out.set_item("path", path.to_string_lossy().into_owned())?;
-    out.set_item("cache_id", cache_id)?;
-    out.set_item("files", report.files)?;
-    out.set_item("bytes", report.bytes)?;
-    out.set_item("records", report.records)?;
-    Ok(out)
-}
-
-/// The manifest of a cache as a dict (after the open-time checks).
-#[pyfunction]
-fn inspect_cache<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
-    let manifest = py
-        .detach(|| Cache::open(&path, false).map(|c| c.manifest().clone()))
-        .py()?;
-    let text = serde_json::to_string(&manifest)
-        .map_err(|e| errors::value_error(format!("cannot encode the manifest: {e}")))?;
-    let out = py.import("json")?.call_method1("loads", (text,))?;
-    out.set_item("format_version", FORMAT_VERSION)?;
-    out.set_item("path", path.to_string_lossy().into_owned())?;
-    Ok(out)
-}
-
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", FORMAT_VERSION)?;
+    m.add("BASE_COLUMNS", crate::stream::BASE_COLUMNS.to_vec())?;
+    m.add("MAX_MESSAGE_BYTES", crate::request::MAX_MESSAGE_BYTES)?;
+    m.add("CachedSample", dataset::sample_type(m.py())?)?;
     m.add_class::<Runtime>()?;
     m.add_class::<dataset::Dataset>()?;
     m.add_class::<dataset::BatchStream>()?;
     m.add_class::<dataset::SampleIterator>()?;
     m.add_class::<arrow::ArrowTable>()?;
     m.add_class::<service::DatasetService>()?;
+    m.add_class::<service::ActivePopulation>()?;
+    m.add_class::<service::ServiceStats>()?;
+    m.add_class::<request::StreamRequest>()?;
+    m.add_class::<request::MetadataRequest>()?;
+    m.add_class::<cache::VerifyReport>()?;
+    m.add_class::<cache::CacheInfo>()?;
+    m.add_class::<cache::ShardInfo>()?;
+    m.add_function(wrap_pyfunction!(request::parse_ticket, m)?)?;
     m.add_function(wrap_pyfunction!(writer::write_cache, m)?)?;
     m.add_function(wrap_pyfunction!(writer::validate_source_name_py, m)?)?;
-    m.add_function(wrap_pyfunction!(check_cache, m)?)?;
-    m.add_function(wrap_pyfunction!(verify_cache, m)?)?;
-    m.add_function(wrap_pyfunction!(inspect_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::check_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::verify_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::inspect_cache, m)?)?;
+    errors::register(m)?;
     Ok(())
 }

@@ -5,16 +5,17 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
+use super::args::{positive, positive_usize_or};
 use super::arrow::{concat, import_table, ArrowTable};
 use super::dataset::BatchStream;
 use super::errors::IntoPyResult;
+use super::request::StreamRequest;
 use super::Runtime;
 use crate::error::Error;
 use crate::population::check_population_id;
-use crate::service::{DatasetService as Engine, StreamRequest};
-use crate::stream::WorkerPool;
+use crate::service::DatasetService as Engine;
+use crate::stream::{StreamOptions, WorkerPool};
 
 #[pyclass(frozen, module = "dataset_rt._native")]
 pub struct DatasetService {
@@ -22,40 +23,22 @@ pub struct DatasetService {
     pool: Arc<WorkerPool>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn request(
+/// The active population of a served dataset.
+#[pyclass(frozen, get_all, module = "dataset_rt._native")]
+pub struct ActivePopulation {
+    /// Its id in the content-addressed store.
     population: String,
-    seed: u64,
-    shuffle: bool,
-    epoch: u64,
+    /// Positions per epoch when a request names none.
     epoch_len: u64,
-    rank: u64,
-    world_size: u64,
-    offset: u64,
-    columns: Vec<String>,
-    batch_size: usize,
-    prefetch_size: usize,
-) -> PyResult<StreamRequest> {
-    check_population_id(&population).py()?;
-    if batch_size < 1 || prefetch_size < 1 {
-        return Err(Error::invalid(
-            "'batch_size' and 'prefetch_size' must be >= 1",
-        ))
-        .py();
-    }
-    Ok(StreamRequest {
-        population,
-        seed,
-        shuffle,
-        epoch,
-        epoch_len,
-        rank,
-        world_size,
-        offset,
-        columns,
-        batch_rows: batch_size,
-        prefetch_rows: prefetch_size,
-    })
+    rows: usize,
+}
+
+/// What a served dataset has streamed since the server started.
+#[pyclass(frozen, get_all, module = "dataset_rt._native")]
+pub struct ServiceStats {
+    streams: u64,
+    rows_sent: u64,
+    bytes_sent: u64,
 }
 
 #[pymethods]
@@ -104,17 +87,20 @@ impl DatasetService {
             .collect()
     }
 
-    /// `{"population", "epoch_len", "rows"}` of the active population.
-    fn active<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let active = py.detach(|| self.inner.active()).py()?;
-        let population = py
-            .detach(|| self.inner.population(&active.population))
+    /// The active population, its epoch length and row count.
+    fn active(&self, py: Python<'_>) -> PyResult<ActivePopulation> {
+        let (active, rows) = py
+            .detach(|| {
+                let active = self.inner.active()?;
+                let rows = self.inner.population(&active.population)?.num_rows();
+                Ok::<_, Error>((active, rows))
+            })
             .py()?;
-        let out = PyDict::new(py);
-        out.set_item("population", active.population)?;
-        out.set_item("epoch_len", active.epoch_len)?;
-        out.set_item("rows", population.num_rows())?;
-        Ok(out)
+        Ok(ActivePopulation {
+            population: active.population,
+            epoch_len: active.epoch_len,
+            rows,
+        })
     }
 
     fn populations(&self, py: Python<'_>) -> PyResult<Vec<String>> {
@@ -133,14 +119,9 @@ impl DatasetService {
         py.detach(|| self.inner.put(batch, activate)).py()
     }
 
-    fn set_epoch_len(&self, py: Python<'_>, epoch_len: i64) -> PyResult<u64> {
-        if epoch_len < 1 {
-            return Err(Error::invalid(format!(
-                "'epoch_len' must be >= 1, got {epoch_len}"
-            )))
-            .py();
-        }
-        py.detach(|| self.inner.set_epoch_len(epoch_len as u64))
+    fn set_epoch_len(&self, py: Python<'_>, epoch_len: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let epoch_len = positive("epoch_len", epoch_len)?;
+        py.detach(|| self.inner.set_epoch_len(epoch_len))
             .py()
             .map(|a| a.epoch_len)
     }
@@ -163,72 +144,47 @@ impl DatasetService {
         Ok(ArrowTable::new(table))
     }
 
-    /// The stream one ticket names.
-    #[pyo3(signature = (*, population, seed, shuffle, epoch, epoch_len, rank, world_size, offset, columns, batch_size=1024, prefetch_size=256))]
-    #[allow(clippy::too_many_arguments)]
+    /// The request with the active population and epoch length filled in.
+    fn pin(&self, py: Python<'_>, request: &StreamRequest) -> PyResult<StreamRequest> {
+        let inner = py.detach(|| self.inner.pin(&request.inner)).py()?;
+        Ok(StreamRequest { inner })
+    }
+
+    /// The stream a ticket names, in batches of at most `batch_size` rows.
+    #[pyo3(signature = (request, *, batch_size=None, prefetch_size=None))]
     fn stream(
         &self,
         py: Python<'_>,
-        population: String,
-        seed: u64,
-        shuffle: bool,
-        epoch: u64,
-        epoch_len: u64,
-        rank: u64,
-        world_size: u64,
-        offset: u64,
-        columns: Vec<String>,
-        batch_size: usize,
-        prefetch_size: usize,
+        request: &StreamRequest,
+        batch_size: Option<&Bound<'_, PyAny>>,
+        prefetch_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BatchStream> {
-        let request = request(
-            population,
-            seed,
-            shuffle,
-            epoch,
-            epoch_len,
-            rank,
-            world_size,
-            offset,
-            columns,
-            batch_size,
-            prefetch_size,
-        )?;
+        let options = StreamOptions {
+            batch_rows: positive_usize_or("batch_size", batch_size, 1024)?,
+            prefetch_rows: positive_usize_or("prefetch_size", prefetch_size, 256)?,
+            ..StreamOptions::default()
+        };
         let stream = py
-            .detach(|| self.inner.stream(&request, self.pool.clone()))
+            .detach(|| {
+                self.inner
+                    .stream(&request.inner, self.pool.clone(), options)
+            })
             .py()?;
         Ok(BatchStream::new(stream))
     }
 
-    /// The schema of the stream a ticket names (checking that it can be served).
-    #[pyo3(signature = (*, population, seed, shuffle, epoch, epoch_len, rank, world_size, offset, columns))]
-    #[allow(clippy::too_many_arguments)]
-    fn schema(
-        &self,
-        py: Python<'_>,
-        population: String,
-        seed: u64,
-        shuffle: bool,
-        epoch: u64,
-        epoch_len: u64,
-        rank: u64,
-        world_size: u64,
-        offset: u64,
-        columns: Vec<String>,
-    ) -> PyResult<ArrowTable> {
-        let request = request(
-            population, seed, shuffle, epoch, epoch_len, rank, world_size, offset, columns, 1, 1,
-        )?;
-        let schema = py.detach(|| self.inner.check(&request)).py()?;
+    /// The schema of the stream a request names (checking that it can be served).
+    fn schema(&self, py: Python<'_>, request: &StreamRequest) -> PyResult<ArrowTable> {
+        let schema = py.detach(|| self.inner.check(&request.inner)).py()?;
         Ok(ArrowTable::new(RecordBatch::new_empty(schema)))
     }
 
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn stats(&self) -> ServiceStats {
         let stats = self.inner.stats();
-        let out = PyDict::new(py);
-        out.set_item("streams", stats.streams)?;
-        out.set_item("rows_sent", stats.rows)?;
-        out.set_item("bytes_sent", stats.bytes)?;
-        Ok(out)
+        ServiceStats {
+            streams: stats.streams,
+            rows_sent: stats.rows,
+            bytes_sent: stats.bytes,
+        }
     }
 }

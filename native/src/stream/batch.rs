@@ -12,8 +12,40 @@ use crate::population::Population;
 use crate::sampling::{StreamOrder, StreamWindow};
 use crate::storage::CacheSet;
 
-/// Columns every stream batch starts with.
+/// Columns every stream batch starts with, in this order (the population's
+/// requested columns follow). `BASE_COLUMNS[c as usize]` names column `c`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BaseColumn {
+    /// The draw's position in the stream.
+    Position = 0,
+    CacheId = 1,
+    SampleId = 2,
+    /// The record's bytes (large_binary).
+    Payload = 3,
+}
+
 pub const BASE_COLUMNS: [&str; 4] = ["position", "cache_id", "sample_id", "payload"];
+
+impl BaseColumn {
+    pub const ALL: [BaseColumn; 4] = [
+        BaseColumn::Position,
+        BaseColumn::CacheId,
+        BaseColumn::SampleId,
+        BaseColumn::Payload,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn field(self) -> Field {
+        let dtype = match self {
+            BaseColumn::Payload => DataType::LargeBinary,
+            _ => DataType::UInt64,
+        };
+        Field::new(BASE_COLUMNS[self.index()], dtype, false)
+    }
+}
 
 /// Everything a worker needs to build any batch of one stream.
 pub struct BatchContext {
@@ -34,12 +66,7 @@ impl BatchContext {
         window: StreamWindow,
         column_names: &[String],
     ) -> Result<Self> {
-        let mut fields = vec![
-            Field::new("position", DataType::UInt64, false),
-            Field::new("cache_id", DataType::UInt64, false),
-            Field::new("sample_id", DataType::UInt64, false),
-            Field::new("payload", DataType::LargeBinary, false),
-        ];
+        let mut fields: Vec<Field> = BaseColumn::ALL.iter().map(|c| c.field()).collect();
         let mut columns = Vec::with_capacity(column_names.len());
         for name in column_names {
             if BASE_COLUMNS.contains(&name.as_str())

@@ -21,7 +21,7 @@ use arrow_array::{RecordBatch, RecordBatchReader};
 use arrow_schema::{ArrowError, SchemaRef};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
-pub use batch::{BatchContext, BASE_COLUMNS};
+pub use batch::{BaseColumn, BatchContext, BASE_COLUMNS};
 pub use draws::draw_rows;
 pub use pool::WorkerPool;
 

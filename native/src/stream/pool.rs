@@ -5,6 +5,7 @@
 //! records the process id that started its threads and, when used from another
 //! process, starts fresh threads there before accepting work.
 
+use std::num::NonZeroUsize;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::thread;
@@ -26,10 +27,8 @@ pub struct WorkerPool {
 }
 
 impl WorkerPool {
-    pub fn new(size: usize) -> Result<Self> {
-        if size == 0 {
-            return Err(Error::invalid("num_workers must be >= 1"));
-        }
+    pub fn new(size: NonZeroUsize) -> Result<Self> {
+        let size = size.get();
         Ok(WorkerPool {
             size,
             threads: Mutex::new(spawn_threads(size)?),
@@ -83,7 +82,7 @@ mod tests {
 
     #[test]
     fn runs_jobs_and_survives_panics() {
-        let pool = WorkerPool::new(2).unwrap();
+        let pool = WorkerPool::new(NonZeroUsize::new(2).unwrap()).unwrap();
         let (tx, rx) = crossbeam_channel::unbounded();
         pool.submit(Box::new(|| panic!("boom"))).unwrap();
         for i in 0..10 {
@@ -93,6 +92,5 @@ mod tests {
         let mut got: Vec<i32> = (0..10).map(|_| rx.recv().unwrap()).collect();
         got.sort();
         assert_eq!(got, (0..10).collect::<Vec<_>>());
-        assert!(WorkerPool::new(0).is_err());
     }
 }

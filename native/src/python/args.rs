@@ -1,0 +1,69 @@
+//! Integer arguments from Python: the one place that turns a Python value into
+//! the engine's unsigned and non-zero types, with a message that names the
+//! argument, the value and what is valid. `bool` is refused although Python
+//! counts it as an int: `epoch_len=True` is a mistake, not 1.
+
+use std::num::{NonZeroU64, NonZeroUsize};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
+
+use super::errors::IntoPyResult;
+use crate::error::Error;
+
+fn integer(name: &str, value: &Bound<'_, PyAny>, valid: &str) -> PyResult<i128> {
+    if value.cast::<PyBool>().is_ok() || value.cast::<PyInt>().is_err() {
+        let kind = value
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        return Err(Error::invalid(format!(
+            "{name} must be an int {valid}, got {kind} {}",
+            value.repr().map(|r| r.to_string()).unwrap_or_default()
+        )))
+        .py();
+    }
+    value.extract::<i128>().map_err(|_| {
+        super::errors::to_pyerr(Error::invalid(format!(
+            "{name} must be an int {valid} that fits in 64 bits"
+        )))
+    })
+}
+
+/// An int `>= 0` that fits in 64 bits.
+pub fn unsigned(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let n = integer(name, value, ">= 0")?;
+    u64::try_from(n)
+        .map_err(|_| Error::invalid(format!("{name} must be between 0 and 2**64 - 1, got {n}")))
+        .py()
+}
+
+/// An int `>= 1` that fits in 64 bits.
+pub fn positive(name: &str, value: &Bound<'_, PyAny>) -> PyResult<NonZeroU64> {
+    let n = integer(name, value, ">= 1")?;
+    u64::try_from(n)
+        .ok()
+        .and_then(NonZeroU64::new)
+        .ok_or_else(|| Error::invalid(format!("{name} must be >= 1, got {n}")))
+        .py()
+}
+
+/// An int `>= 1` that fits in a `usize`.
+pub fn positive_usize(name: &str, value: &Bound<'_, PyAny>) -> PyResult<NonZeroUsize> {
+    let n = positive(name, value)?;
+    usize::try_from(n.get())
+        .ok()
+        .and_then(NonZeroUsize::new)
+        .ok_or_else(|| Error::invalid(format!("{name} is too large, got {n}")))
+        .py()
+}
+
+/// `positive_usize` of an optional argument, `default` when it is not given.
+pub fn positive_usize_or(
+    name: &str,
+    value: Option<&Bound<'_, PyAny>>,
+    default: usize,
+) -> PyResult<usize> {
+    value.map_or(Ok(default), |v| positive_usize(name, v).map(|n| n.get()))
+}

@@ -1,0 +1,181 @@
+//! `StreamRequest` and `MetadataRequest` for Python: the server, the client and
+//! tests build and read the engine's own request type (see `crate::request`).
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use serde_json::{Map, Number, Value};
+
+use super::errors::IntoPyResult;
+use crate::error::Error;
+use crate::request::{self, Ticket};
+
+/// A stream request (a `get_flight_info` command, or a `do_get` ticket when it
+/// has a rank). Built from keyword arguments or parsed from JSON; either way the
+/// engine's rules apply, so an instance is always valid.
+#[pyclass(frozen, eq, module = "dataset_rt._native", name = "StreamRequest")]
+#[derive(PartialEq)]
+pub struct StreamRequest {
+    pub(super) inner: request::StreamRequest,
+}
+
+#[pymethods]
+impl StreamRequest {
+    /// Keyword arguments are the protocol's keys (`None` means "not given").
+    #[new]
+    #[pyo3(signature = (**keys))]
+    fn new(keys: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let mut object = Map::new();
+        if let Some(keys) = keys {
+            for (key, value) in keys.iter() {
+                let key: String = key.extract()?;
+                if !value.is_none() {
+                    let value = to_json(&value)
+                        .map_err(|detail| Error::invalid(format!("'{key}' {detail}")))
+                        .py()?;
+                    object.insert(key, value);
+                }
+            }
+        }
+        let what = if object.contains_key("rank") {
+            "ticket"
+        } else {
+            "command"
+        };
+        Ok(StreamRequest {
+            inner: request::StreamRequest::from_value(Value::Object(object), what).py()?,
+        })
+    }
+
+    /// Parse a `get_flight_info` command.
+    #[staticmethod]
+    fn from_command(raw: &[u8]) -> PyResult<Self> {
+        Ok(StreamRequest {
+            inner: request::StreamRequest::from_command(raw).py()?,
+        })
+    }
+
+    /// The ticket of rank `rank` (offset 0 unless this request has one).
+    fn for_rank(&self, rank: u64) -> PyResult<Self> {
+        Ok(StreamRequest {
+            inner: self.inner.for_rank(rank).py()?,
+        })
+    }
+
+    /// The same ticket, resumed `offset` samples into its partition.
+    fn resumed(&self, offset: u64) -> Self {
+        StreamRequest {
+            inner: self.inner.resumed(offset),
+        }
+    }
+
+    /// The JSON bytes of a command or ticket.
+    fn to_json(&self) -> PyResult<Vec<u8>> {
+        self.inner.to_json().py()
+    }
+
+    #[getter]
+    fn dataset(&self) -> &str {
+        &self.inner.dataset
+    }
+
+    #[getter]
+    fn world_size(&self) -> u64 {
+        self.inner.world_size
+    }
+
+    #[getter]
+    fn rank(&self) -> u64 {
+        self.inner.rank.unwrap_or(0)
+    }
+
+    #[getter]
+    fn offset(&self) -> u64 {
+        self.inner.offset.unwrap_or(0)
+    }
+
+    #[getter]
+    fn epoch_len(&self) -> Option<u64> {
+        self.inner.epoch_len.map(|n| n.get())
+    }
+
+    #[getter]
+    fn population(&self) -> Option<&str> {
+        self.inner.population.as_ref().map(|p| p.as_str())
+    }
+
+    fn __repr__(&self) -> String {
+        let json = self.inner.to_json().unwrap_or_default();
+        format!("StreamRequest({})", String::from_utf8_lossy(&json))
+    }
+}
+
+/// A `do_get` ticket for a population's metadata table.
+#[pyclass(frozen, module = "dataset_rt._native", name = "MetadataRequest")]
+pub struct MetadataRequest {
+    #[pyo3(get)]
+    dataset: String,
+    population: Option<request::PopulationId>,
+}
+
+#[pymethods]
+impl MetadataRequest {
+    #[getter]
+    fn population(&self) -> Option<&str> {
+        self.population.as_ref().map(|p| p.as_str())
+    }
+}
+
+/// Parse a `do_get` ticket into a `StreamRequest` or a `MetadataRequest`.
+#[pyfunction]
+pub fn parse_ticket(py: Python<'_>, raw: &[u8]) -> PyResult<Py<PyAny>> {
+    Ok(match Ticket::parse(raw).py()? {
+        Ticket::Stream(inner) => Py::new(py, StreamRequest { inner })?.into_any(),
+        Ticket::Metadata(m) => Py::new(
+            py,
+            MetadataRequest {
+                dataset: m.dataset,
+                population: m.population,
+            },
+        )?
+        .into_any(),
+    })
+}
+
+/// A Python value as JSON (the types the protocol's keys take).
+fn to_json(value: &Bound<'_, PyAny>) -> Result<Value, String> {
+    if let Ok(b) = value.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if value.cast::<PyInt>().is_ok() {
+        if let Ok(n) = value.extract::<u64>() {
+            return Ok(Value::Number(n.into()));
+        }
+        if let Ok(n) = value.extract::<i64>() {
+            return Ok(Value::Number(n.into()));
+        }
+        return Err("is an integer outside the 64-bit range".into());
+    }
+    if let Ok(f) = value.cast::<PyFloat>() {
+        return Number::from_f64(f.value())
+            .map(Value::Number)
+            .ok_or_else(|| "must be a finite number".into());
+    }
+    if let Ok(s) = value.cast::<PyString>() {
+        return Ok(Value::String(s.to_string()));
+    }
+    if value.cast::<PyList>().is_ok() || value.cast::<PyTuple>().is_ok() {
+        let mut items = Vec::new();
+        for item in value.try_iter().map_err(|e| e.to_string())? {
+            items.push(to_json(&item.map_err(|e| e.to_string())?)?);
+        }
+        return Ok(Value::Array(items));
+    }
+    Err(format!(
+        "has an unsupported type {}",
+        value
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default()
+    ))
+}

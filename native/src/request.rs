@@ -1,0 +1,322 @@
+//! `StreamRequest`: the one description of a stream that every face reads.
+//!
+//! A Flight command (`get_flight_info`) and a ticket (`do_get`) are the same JSON
+//! object; a ticket adds `rank` and `offset`. Clients build it, the server parses
+//! it, and the engine serves it, all through this type. The keys and their rules
+//! live in the struct below, once: serde rejects unknown keys and wrong types,
+//! `NonZeroU64` and the newtypes reject out-of-range values, and `check` holds the
+//! rules that relate two keys. `docs/flight-protocol.md` documents every key.
+
+use std::num::NonZeroU64;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::population::check_population_id;
+use crate::sampling::Partition;
+
+/// Largest command or ticket accepted, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// An epoch of a seed's stream, split into `world_size` ranks; as a ticket, one
+/// rank's partition from `offset` on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamRequest {
+    /// The dataset's name on the server.
+    pub dataset: String,
+    pub seed: u64,
+    pub epoch: u64,
+    /// Positions per epoch (default: the active epoch length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch_len: Option<NonZeroU64>,
+    /// Weighted draws with replacement (`true`) or the rows in order (`false`).
+    #[serde(default = "yes")]
+    pub shuffle: bool,
+    /// Ranks the epoch is split into, `1..=MAX_WORLD_SIZE` (see `Partition`).
+    #[serde(default = "one")]
+    pub world_size: u64,
+    /// The population id to stream (default: the active one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub population: Option<PopulationId>,
+    /// Population columns to add to every batch.
+    #[serde(default)]
+    pub columns: Vec<String>,
+    /// Ticket only: which partition, `0 <= rank < world_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u64>,
+    /// Ticket only: samples of the partition to skip (a resume point).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// A population id: 32 lowercase hex digits (a content hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PopulationId(String);
+
+impl TryFrom<String> for PopulationId {
+    type Error = Error;
+
+    fn try_from(value: String) -> Result<Self> {
+        check_population_id(&value)?;
+        Ok(PopulationId(value))
+    }
+}
+
+impl From<PopulationId> for String {
+    fn from(value: PopulationId) -> String {
+        value.0
+    }
+}
+
+impl PopulationId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a `do_get` ticket asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ticket {
+    Stream(StreamRequest),
+    Metadata(MetadataRequest),
+}
+
+/// A population's metadata table: `{"dataset", "metadata": true, "population"?}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetadataRequest {
+    pub dataset: String,
+    pub metadata: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub population: Option<PopulationId>,
+}
+
+impl StreamRequest {
+    /// Parse a `get_flight_info` command (no `rank` or `offset`).
+    pub fn from_command(raw: &[u8]) -> Result<Self> {
+        Self::from_value(decode(raw, "command")?, "command")
+    }
+
+    /// Build from already decoded JSON (keyword arguments arrive this way), with
+    /// the same rules as a ticket.
+    pub fn from_value(value: Value, what: &str) -> Result<Self> {
+        let request: StreamRequest = deserialize(value, what)?;
+        request.check(what)?;
+        Ok(request)
+    }
+
+    /// The rules that relate keys to each other.
+    fn check(&self, what: &str) -> Result<()> {
+        if what == "command" {
+            for (key, present) in [
+                ("rank", self.rank.is_some()),
+                ("offset", self.offset.is_some()),
+            ] {
+                if present {
+                    return Err(Error::invalid(format!(
+                        "unknown key '{key}' in the command; '{key}' belongs to a ticket \
+                         (each endpoint of the FlightInfo has one)"
+                    )));
+                }
+            }
+        }
+        self.partition().map(|_| ())
+    }
+
+    /// This request's rank partition (rank 0 and offset 0 unless given).
+    pub fn partition(&self) -> Result<Partition> {
+        Partition::new(
+            self.rank.unwrap_or(0),
+            self.world_size,
+            self.offset.unwrap_or(0),
+        )
+    }
+
+    /// The ticket of rank `rank`.
+    pub fn for_rank(&self, rank: u64) -> Result<Self> {
+        let ticket = StreamRequest {
+            rank: Some(rank),
+            offset: Some(self.offset.unwrap_or(0)),
+            ..self.clone()
+        };
+        ticket.check("ticket")?;
+        Ok(ticket)
+    }
+
+    /// The same ticket resumed `offset` samples into its partition.
+    pub fn resumed(&self, offset: u64) -> Self {
+        StreamRequest {
+            offset: Some(offset),
+            rank: Some(self.rank.unwrap_or(0)),
+            ..self.clone()
+        }
+    }
+
+    /// The request with its population and epoch length fixed, so that every
+    /// replica serves the same stream whatever becomes active later.
+    pub fn pinned(&self, population: &str, epoch_len: NonZeroU64) -> Result<Self> {
+        Ok(StreamRequest {
+            population: Some(match &self.population {
+                Some(id) => id.clone(),
+                None => PopulationId::try_from(population.to_string())?,
+            }),
+            epoch_len: Some(self.epoch_len.unwrap_or(epoch_len)),
+            ..self.clone()
+        })
+    }
+
+    /// Compact JSON with the keys in declaration order.
+    pub fn to_json(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec(self)
+            .map_err(|e| Error::internal(format!("cannot encode the request: {e}")))
+    }
+}
+
+impl Ticket {
+    /// Parse a `do_get` ticket: a stream partition or a metadata table.
+    pub fn parse(raw: &[u8]) -> Result<Self> {
+        let mut value = decode(raw, "ticket")?;
+        let metadata = match value.as_object_mut().and_then(|o| o.remove("metadata")) {
+            None => false,
+            Some(Value::Bool(flag)) => flag,
+            Some(other) => {
+                return Err(Error::invalid(format!(
+                    "'metadata' must be true or false, got {other}"
+                )))
+            }
+        };
+        if metadata {
+            if let Some(object) = value.as_object_mut() {
+                object.insert("metadata".into(), Value::Bool(true));
+            }
+            return deserialize(value, "ticket").map(Ticket::Metadata);
+        }
+        StreamRequest::from_value(value, "ticket").map(Ticket::Stream)
+    }
+}
+
+/// UTF-8 JSON holding an object, at most `MAX_MESSAGE_BYTES`.
+fn decode(raw: &[u8], what: &str) -> Result<Value> {
+    if raw.len() > MAX_MESSAGE_BYTES {
+        return Err(Error::invalid(format!(
+            "the {what} is {} bytes; at most {MAX_MESSAGE_BYTES} allowed",
+            raw.len()
+        )));
+    }
+    let text = std::str::from_utf8(raw)
+        .map_err(|e| Error::invalid(format!("the {what} is not UTF-8 JSON: {e}")))?;
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| Error::invalid(format!("the {what} is not UTF-8 JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(Error::invalid(format!(
+            "the {what} must be a JSON object, got {}",
+            json_kind(&value)
+        )));
+    }
+    Ok(value)
+}
+
+/// Deserialize with the failing key named: "'seed': invalid type: ...".
+fn deserialize<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T> {
+    serde_path_to_error::deserialize(value).map_err(|error| {
+        let path = error.path().to_string();
+        // serde quotes names with backticks; the protocol's messages use 'key'.
+        let inner = error.inner().to_string().replace('`', "'");
+        match path.split_once('[') {
+            _ if path == "." => Error::invalid(format!("{inner} in the {what}")),
+            Some((key, item)) => Error::invalid(format!(
+                "'{key}' in the {what}: item {}: {inner}",
+                item.trim_end_matches(']')
+            )),
+            None => Error::invalid(format!("'{path}' in the {what}: {inner}")),
+        }
+    })
+}
+
+/// The kind of a JSON value, as Python names it (clients are mostly Python).
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_f64() => "float",
+        Value::Number(_) => "int",
+        Value::String(_) => "str",
+        Value::Array(_) => "list",
+        Value::Object(_) => "dict",
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn error(raw: &str) -> String {
+        Ticket::parse(raw.as_bytes()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_and_round_trip() {
+        let raw = br#"{"dataset":"toy","seed":1,"epoch":2}"#;
+        let request = StreamRequest::from_command(raw).unwrap();
+        assert!(request.shuffle);
+        assert_eq!(request.world_size, 1);
+        let ticket = request.for_rank(0).unwrap();
+        let parsed = Ticket::parse(&ticket.to_json().unwrap()).unwrap();
+        assert_eq!(parsed, Ticket::Stream(ticket));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert!(error(r#"{"dataset":"t","seed":"1","epoch":0}"#).contains("'seed'"));
+        assert!(error(r#"{"dataset":"t","sead":1,"seed":1,"epoch":0}"#).contains("'sead'"));
+        assert!(error(r#"{"seed":1,"epoch":0}"#).contains("'dataset'"));
+        assert!(error(r#"{"dataset":"t","seed":1,"epoch":2.0}"#).contains("'epoch'"));
+        assert!(
+            error(r#"{"dataset":"t","seed":1,"epoch":0,"epoch_len":0}"#).contains("'epoch_len'")
+        );
+        assert!(
+            error(r#"{"dataset":"t","seed":1,"epoch":0,"world_size":0}"#).contains("'world_size'")
+        );
+        assert!(error(r#"{"dataset":"t","seed":1,"epoch":0,"rank":1}"#).contains("'rank'"));
+        assert!(
+            error(r#"{"dataset":"t","seed":1,"epoch":0,"population":"ab"}"#).contains("\"ab\"")
+        );
+        assert!(error(r#"{"dataset":"t","metadata":"yes"}"#).contains("'metadata'"));
+        assert!(error(r#"{"dataset":"t","metadata":true,"seed":1}"#).contains("'seed'"));
+        assert!(error("[1]").contains("list"));
+        assert!(error("\u{7f}").contains("JSON"));
+    }
+
+    #[test]
+    fn commands_refuse_ticket_keys() {
+        let raw = br#"{"dataset":"t","seed":1,"epoch":0,"offset":3}"#;
+        let message = StreamRequest::from_command(raw).unwrap_err().to_string();
+        assert!(message.contains("'offset'"), "{message}");
+    }
+
+    #[test]
+    fn metadata_tickets() {
+        let parsed = Ticket::parse(br#"{"dataset":"t","metadata":true}"#).unwrap();
+        assert!(matches!(
+            parsed,
+            Ticket::Metadata(MetadataRequest {
+                population: None,
+                ..
+            })
+        ));
+        let stream = Ticket::parse(br#"{"dataset":"t","metadata":false,"seed":1,"epoch":0}"#);
+        assert!(matches!(stream.unwrap(), Ticket::Stream(_)));
+    }
+}
