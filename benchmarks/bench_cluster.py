@@ -28,10 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import multiprocessing as mp
 import os
-import queue
-import shutil
 import signal
 import socket
 import subprocess
@@ -39,32 +36,18 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_flight import (  # the benchmarks directory is not a package
-    MIB,
-    BenchError,
-    ServerProcess,
-    human_bytes,
-    human_count,
-    payload_offsets,
-    payload_pool,
-    render,
-    start_raw,
-)
+import _flight_common as common  # the benchmarks directory is not a package
+from _flight_common import HOST, KIB, MIB, SEED, BenchError, human_bytes, human_count, render
 
-BENCH_DIR = Path(__file__).resolve().parent
-PROJECT_ROOT = BENCH_DIR.parent
-HOST = "127.0.0.1"
 IMAGE = os.environ.get("DATASET_RT_BENCH_IMAGE", "dataset-rt-flight:e2e")
 BASE_IMAGE = "dataset-rt-base:local"
-SEED = 0
-KIB = 1 << 10
 PAYLOAD_SIZES = (MIB, 16 * KIB)
 REPLICA_COUNTS = (1, 2, 3)
 RANKS = 4
@@ -74,29 +57,22 @@ FAILOVER_EPOCH_LEN = 1_000_000  # samples: far longer than the stream is let run
 FAILOVER_KILL_AFTER = 1.0  # seconds of streaming before the kill
 FAILOVER_AFTER_BATCHES = 3  # batches read after the failover before stopping
 HEALTH_TIMEOUT = 180.0
-CLIENT_READY_TIMEOUT = 60.0
-STREAM_TIMEOUT = 600.0
 DOCKER_TIMEOUT = 120.0
 LABEL = "dataset-rt-bench-cluster"
 
 
 @dataclass(frozen=True)
-class Scale:
-    name: str
-    total_bytes: int  # payload bytes per throughput measurement (all 4 ranks)
-    repeats: int  # best of N per (size, replicas) and for raw
+class Scale(common.Scale):
+    """Data volumes of one run; ``total_bytes`` is shared by the 4 ranks."""
+
     startup_repeats: int
     failover_repeats: int
 
-    @classmethod
-    def of(cls, quick: bool) -> Scale:
-        if quick:
-            return cls("quick", 64 * MIB, 2, 1, 1)
-        return cls("full", 256 * MIB, 3, 3, 3)
+    QUICK = (64 * MIB, 2, 1, 1)  # total_bytes, repeats, startup_repeats, failover_repeats
+    FULL = (256 * MIB, 3, 3, 3)
 
 
-def log(message: str) -> None:
-    print(f"[bench_cluster] {message}", file=sys.stderr, flush=True)
+log = common.make_log("bench_cluster")
 
 
 def dataset_name(size: int) -> str:
@@ -106,41 +82,10 @@ def dataset_name(size: int) -> str:
 # -- caches written on the host -----------------------------------------------------
 
 
-class CacheSource:
-    """``count`` records of ``size`` bytes, the same payloads as the raw server's."""
-
-    def __init__(self, drt: Any, name: str, count: int, size: int) -> None:
-        self.name = name
-        self._drt, self._count, self._size = drt, count, size
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __iter__(self) -> Iterator[Any]:
-        pool = memoryview(payload_pool())
-        size = self._size
-        if size * self._count <= len(pool) or self._count <= 1 << 16:
-            offsets: Iterator[int] | list[int] = payload_offsets(self._count, size)
-        else:  # 1M tiny records: fixed offsets, the content does not matter here
-            offsets = (i * size % (len(pool) - size) for i in range(self._count))
-        for i, offset in enumerate(offsets):
-            yield self._drt.CacheInput(
-                data=pool[offset : offset + size], metadata={"label": i % 10}
-            )
-
-
-def write_cache(name: str, count: int, size: int, root: Path) -> tuple[str, float]:
+def write_host_cache(name: str, count: int, size: int, root: Path) -> tuple[str, float]:
     """Write a cache under ``root``; returns its path relative to ``root`` and seconds."""
-    import dataset_rt as drt
-
-    started = time.perf_counter()
-    runtime = drt.DatasetRuntime(num_workers=2)
-    config = drt.WriterConfig(show_progress=False)
-    [result] = runtime.write_cache(CacheSource(drt, name, count, size), root, writer_config=config)
-    if not isinstance(result, drt.CacheWriteSuccess):
-        raise BenchError(f"write_cache failed: {result!r}")
-    relative = Path(result.path).resolve().relative_to(root.resolve())
-    return str(relative), time.perf_counter() - started
+    path, seconds = common.write_cache(name, count, size, root)
+    return str(path.resolve().relative_to(root.resolve())), seconds
 
 
 def make_world_readable(root: Path) -> None:
@@ -274,168 +219,43 @@ def start_replicas(
     return Replicas([name for name, _ in started], locations, startup)
 
 
-# -- clients: spawned worker processes, released together -----------------------------
-
-
-def client_worker(index: int, jobs: Any, results: Any, go: Any) -> None:
-    """Stream one rank per job; report rows, payload bytes, times and replica used."""
-    import pyarrow.compute as pc
-    import pyarrow.flight as flight
-
-    from flight_client import DatasetClient
-
-    parent = os.getppid()
-    while True:
-        try:
-            job = jobs.get(timeout=1.0)
-        except queue.Empty:
-            if os.getppid() != parent:
-                return  # orphaned
-            continue
-        if job is None:
-            return
-        kind, locations, dataset, rank, world = job
-        closer: Any = None
-        try:
-            if kind == "ours":
-                client = DatasetClient(locations)
-                closer = client
-                stream: Iterator[Any] = client.epoch(
-                    dataset, SEED, 0, rank=rank, world_size=world, batches=True
-                )
-            else:
-                raw = flight.connect(locations[0])
-                closer = raw
-                ticket = json.dumps({"rank": rank, "world_size": world}).encode()
-                stream = (c.data for c in raw.do_get(flight.Ticket(ticket)))
-            results.put(("ready", index, None))
-            if not go.wait(CLIENT_READY_TIMEOUT):
-                results.put(("error", index, "never released"))
-                continue
-            rows = nbytes = 0
-            start = time.monotonic()
-            for batch in stream:
-                rows += batch.num_rows
-                nbytes += int(pc.sum(pc.binary_length(batch.column("payload"))).as_py() or 0)
-            end = time.monotonic()
-            results.put(
-                ("done", index, {"rows": rows, "bytes": nbytes, "start": start, "end": end})
-            )
-        except Exception as error:  # reported to the parent, which fails the run
-            results.put(("error", index, f"{type(error).__name__}: {error}"))
-        finally:
-            if closer is not None:
-                with contextlib.suppress(Exception):
-                    closer.close()
-
-
-class ClientPool:
-    """``size`` spawned client processes; `run` releases them at the same instant."""
-
-    def __init__(self, size: int) -> None:
-        ctx = mp.get_context("spawn")
-        self.results = ctx.Queue()
-        self.go = ctx.Event()
-        self.jobs = [ctx.Queue() for _ in range(size)]
-        self.procs = [
-            ctx.Process(target=client_worker, args=(i, q, self.results, self.go), daemon=True)
-            for i, q in enumerate(self.jobs)
-        ]
-        for proc in self.procs:
-            proc.start()
-
-    def _collect(self, kind: str, count: int, timeout: float) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        got: dict[int, dict[str, Any]] = {}
-        while len(got) < count:
-            try:
-                state, index, body = self.results.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                missing = count - len(got)
-                raise BenchError(f"clients: {missing} not {kind} in {timeout:.0f} s") from None
-            if state == "error":
-                raise BenchError(f"client {index}: {body}")
-            if state == kind:
-                got[index] = body
-        return [got[i] for i in sorted(got)]
-
-    def run(self, kind: str, locations: Sequence[str], dataset: str) -> list[dict[str, Any]]:
-        self.go.clear()
-        for rank, job_queue in enumerate(self.jobs):
-            job_queue.put((kind, list(locations), dataset, rank, len(self.jobs)))
-        self._collect("ready", len(self.jobs), CLIENT_READY_TIMEOUT)
-        self.go.set()
-        try:
-            return self._collect("done", len(self.jobs), STREAM_TIMEOUT)
-        finally:
-            self.go.clear()
-
-    def close(self) -> None:
-        for job_queue in self.jobs:
-            with contextlib.suppress(Exception):
-                job_queue.put(None)
-        for proc in self.procs:
-            proc.join(5.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5.0)
-
-
 # -- measurements ---------------------------------------------------------------------
 
 
-@dataclass
-class Run:
-    seconds: float
-    rows: int
-    nbytes: int
-
-    @property
-    def mib_s(self) -> float:
-        return self.nbytes / self.seconds / MIB
-
-    @property
-    def samples_s(self) -> float:
-        return self.rows / self.seconds
-
-
-@dataclass
-class Measurement:
-    server: str  # "raw" or "N replicas"
-    size: int
-    runs: list[Run] = field(default_factory=list)
-
-    @property
-    def best(self) -> Run:
-        return max(self.runs, key=lambda r: r.mib_s)
-
-
-def timed_epoch(
-    pool: ClientPool, kind: str, locations: Sequence[str], size: int, count: int
-) -> Run:
-    results = pool.run(kind, locations, dataset_name(size))
-    rows, nbytes = sum(r["rows"] for r in results), sum(r["bytes"] for r in results)
-    if (rows, nbytes) != (count, count * size):
-        raise BenchError(f"{kind}: got {rows} rows / {nbytes} B, expected {count} x {size} B")
-    seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
-    return Run(seconds, rows, nbytes)
+def replica_epoch(
+    pool: common.ClientPool, kind: str, locations: Sequence[str], size: int, count: int
+) -> common.Run:
+    """One epoch of RANKS ranks at once: ``kind`` "ours" streams each rank with a
+    DatasetClient given every replica, "raw" asks the raw server at ``locations[0]``."""
+    if kind == "ours":
+        dataset = dataset_name(size)
+        jobs: list[common.TicketJob | common.EpochJob] = [
+            common.EpochJob(tuple(locations), dataset, rank, RANKS) for rank in range(RANKS)
+        ]
+    else:
+        jobs = [
+            common.TicketJob(locations[0], ticket, reuse=False)
+            for ticket in common.raw_tickets(RANKS)
+        ]
+    run, _ = common.timed_epoch(pool, jobs, (count, count * size), kind)
+    return run
 
 
 def measure_throughput(
     scale: Scale,
-    pool: ClientPool,
+    pool: common.ClientPool,
     containers: Containers,
     cache_root: Path,
     caches: dict[int, str],
     workdir: Path,
-) -> tuple[list[Measurement], dict[int, list[float]]]:
+) -> tuple[list[common.Measurement[common.Run]], dict[int, list[float]]]:
     counts = {size: scale.total_bytes // size for size in PAYLOAD_SIZES}
-    raw_servers: dict[int, ServerProcess] = {}
-    measurements: dict[tuple[str, int], Measurement] = {}
+    raw_servers: dict[int, common.ServerProcess] = {}
+    measurements: dict[tuple[str, int], common.Measurement[common.Run]] = {}
     startups: dict[int, list[float]] = {}
     try:
         for size in PAYLOAD_SIZES:
-            raw_servers[size] = start_raw(counts[size], size, workdir)
+            raw_servers[size] = common.start_raw(counts[size], size, workdir)
             raw_servers[size].wait_location()
         datasets = {dataset_name(size): caches[size] for size in PAYLOAD_SIZES}
         for replicas in REPLICA_COUNTS:
@@ -445,12 +265,16 @@ def measure_throughput(
             log(f"{label} up: " + ", ".join(f"{s:.1f} s" for s in group.startup))
             try:
                 for size in PAYLOAD_SIZES:
-                    ours = measurements.setdefault((label, size), Measurement(label, size))
-                    raw = measurements.setdefault(("raw", size), Measurement("raw", size))
+                    ours = measurements.setdefault(
+                        (label, size), common.Measurement(label, size, RANKS)
+                    )
+                    raw = measurements.setdefault(
+                        ("raw", size), common.Measurement("raw", size, RANKS)
+                    )
                     for repeat in range(scale.repeats):
                         order = [("ours", group.locations), ("raw", [raw_servers[size].location])]
                         for kind, locations in order if repeat % 2 == 0 else order[::-1]:
-                            run = timed_epoch(pool, kind, locations, size, counts[size])
+                            run = replica_epoch(pool, kind, locations, size, counts[size])
                             (ours if kind == "ours" else raw).runs.append(run)
                             log(
                                 f"  {human_bytes(size):>7} {label if kind == 'ours' else 'raw':10}"
@@ -505,7 +329,7 @@ def measure_failover(
             victim = group.names[0]
             times: list[float] = []
             killed: dict[str, float] = {}
-            deadline = time.monotonic() + STREAM_TIMEOUT
+            deadline = time.monotonic() + common.STREAM_TIMEOUT
             for _batch in stream:
                 now = time.monotonic()
                 times.append(now)
@@ -547,7 +371,9 @@ def measure_failover(
 # -- report ---------------------------------------------------------------------------
 
 
-def throughput_table(measurements: Sequence[Measurement]) -> list[dict[str, Any]]:
+def throughput_table(
+    measurements: Sequence[common.Measurement[common.Run]],
+) -> list[dict[str, Any]]:
     by_key = {(m.server, m.size): m for m in measurements}
     table = []
     for size in PAYLOAD_SIZES:
@@ -655,26 +481,18 @@ def print_report(
             f"{f.kill_seconds * 1000:.0f} ms, error {f.error} after {f.to_error * 1000:.0f} ms, "
             f"next batch after {f.to_next_batch * 1000:.0f} ms"
         )
-    print(
-        f"load average at start {load[0][0]:.2f} / end {load[1][0]:.2f} on {os.cpu_count()} "
-        "CPUs: containers, clients and the raw server share these CPUs, and other work on the "
+    caveat = (
+        "containers, clients and the raw server share these CPUs, and other work on the "
         "machine moves the figures by tens of percent."
     )
+    print(common.load_line(load, caveat))
 
 
 # -- command line ---------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="64 MiB epochs, fewer repeats")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also dump raw results here")
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=BENCH_DIR / ".bench-data",
-        help="where temporary caches go (default benchmarks/.bench-data, removed afterwards)",
-    )
+    parser = common.base_parser(__doc__.splitlines()[0], "64 MiB epochs, fewer repeats")
     return parser.parse_args(argv)
 
 
@@ -683,7 +501,9 @@ def ensure_image() -> None:
     if done.returncode != 0:
         log(f"building {IMAGE} (docker/build-image.sh)")
         subprocess.run(
-            ["bash", "docker/build-image.sh", IMAGE, BASE_IMAGE], cwd=PROJECT_ROOT, check=True
+            ["bash", "docker/build-image.sh", IMAGE, BASE_IMAGE],
+            cwd=common.PROJECT_ROOT,
+            check=True,
         )
 
 
@@ -695,39 +515,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     load_start = os.getloadavg()
     ensure_image()
-    args.data_dir.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="cluster-", dir=args.data_dir)).resolve()
     containers = Containers(uuid.uuid4().hex[:8])
-    pool: ClientPool | None = None
+    pool: common.ClientPool | None = None
     writes: dict[str, float] = {}
-    try:
-        cache_root = workdir / "caches"
-        cache_root.mkdir()
-        caches: dict[int, str] = {}
-        for size in PAYLOAD_SIZES:
-            count = scale.total_bytes // size
-            log(f"writing {count} x {human_bytes(size)}")
-            caches[size], writes[str(size)] = write_cache(
-                dataset_name(size), count, size, cache_root
+    with common.scratch_dir(args.data_dir, "cluster-") as workdir:
+        try:
+            cache_root = workdir / "caches"
+            cache_root.mkdir()
+            caches: dict[int, str] = {}
+            for size in PAYLOAD_SIZES:
+                count = scale.total_bytes // size
+                log(f"writing {count} x {human_bytes(size)}")
+                caches[size], writes[str(size)] = write_host_cache(
+                    dataset_name(size), count, size, cache_root
+                )
+            log(f"writing {STARTUP_RECORDS} x {STARTUP_SIZE} B")
+            big, writes["startup"] = write_host_cache(
+                "big", STARTUP_RECORDS, STARTUP_SIZE, cache_root
             )
-        log(f"writing {STARTUP_RECORDS} x {STARTUP_SIZE} B")
-        big, writes["startup"] = write_cache("big", STARTUP_RECORDS, STARTUP_SIZE, cache_root)
-        make_world_readable(cache_root)
-        pool = ClientPool(RANKS)
-        measurements, startup_small = measure_throughput(
-            scale, pool, containers, cache_root, caches, workdir
-        )
-        pool.close()
-        pool = None
-        startup_big = measure_startup(scale, containers, cache_root, big, workdir)
-        failovers = measure_failover(scale, containers, cache_root, caches, workdir)
-    finally:
-        containers.remove_all()
-        if pool is not None:
+            make_world_readable(cache_root)
+            pool = common.ClientPool(RANKS)
+            measurements, startup_small = measure_throughput(
+                scale, pool, containers, cache_root, caches, workdir
+            )
             pool.close()
-        shutil.rmtree(workdir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            args.data_dir.rmdir()  # only when empty
+            pool = None
+            startup_big = measure_startup(scale, containers, cache_root, big, workdir)
+            failovers = measure_failover(scale, containers, cache_root, caches, workdir)
+        finally:
+            containers.remove_all()
+            if pool is not None:
+                pool.close()
     elapsed = time.perf_counter() - started
     load_end = os.getloadavg()
     table = throughput_table(measurements)
