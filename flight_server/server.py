@@ -131,9 +131,10 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             parsed, batch_size=self._batch_size, prefetch_size=self._prefetch_size
         )
         reader = pa.RecordBatchReader.from_stream(stream)
-        return flight.RecordBatchStream(
-            pa.RecordBatchReader.from_batches(reader.schema, _mid_stream_errors(reader, stream))
-        )
+        # A GeneratorStream, not RecordBatchStream(reader): an error raised by the
+        # generator keeps its Flight status (INTERNAL for damage), where one met
+        # inside a C stream reader would leave as INVALID_ARGUMENT or UNKNOWN.
+        return flight.GeneratorStream(reader.schema, _mid_stream_errors(reader, stream))
 
     @_flight_errors
     def do_put(

@@ -1,0 +1,187 @@
+"""Every error kind has one Flight status, pinned here, including failures met in
+the middle of a ``do_get`` stream; the client resumes on another replica after
+INTERNAL (a damaged replica or a failed worker), never after a user error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from conftest import ListSource
+
+import dataset_rt as drt
+from flight_client import DatasetClient
+from flight_server import Catalog, DatasetSpec
+from flight_server.errors import ProtocolError, to_flight_error
+
+from .conftest import DATASET, message, serve, ticket
+
+RECORDS = 64
+SIZE = 256
+CORRUPT_SAMPLE = 40  # read after the first batches of an ordered epoch
+SERVER_BATCH_ROWS = 8
+ORDERED = {"dataset": DATASET, "seed": 3, "epoch": 0, "shuffle": False}
+
+# (error class, Flight exception the client sees). pyarrow sends ArrowInvalid as
+# INVALID_ARGUMENT and ArrowKeyError as NOT_FOUND.
+STATUSES: list[tuple[type[Exception], type[Exception]]] = [
+    (ProtocolError, pa.ArrowInvalid),
+    (drt.InvalidArgumentError, pa.ArrowInvalid),
+    (drt.InvalidPopulationError, pa.ArrowInvalid),
+    (drt.SchemaMismatchError, pa.ArrowInvalid),
+    (drt.NotFoundError, pa.ArrowKeyError),
+    (drt.CorruptCacheError, flight.FlightInternalError),
+    (drt.CacheIOError, flight.FlightInternalError),
+    (drt.InternalError, flight.FlightInternalError),
+    (drt.SourceError, flight.FlightServerError),
+    (drt.DatasetRTError, flight.FlightServerError),
+]
+
+
+def test_every_error_class_is_covered() -> None:
+    classes = {getattr(drt, name) for name in drt.errors.__all__}
+    assert classes == {cls for cls, _ in STATUSES if cls is not ProtocolError}
+
+
+@pytest.mark.parametrize(("error", "status"), STATUSES, ids=[c.__name__ for c, _ in STATUSES])
+def test_each_error_class_maps_to_one_status(
+    error: type[Exception], status: type[Exception]
+) -> None:
+    mapped = to_flight_error(error("what went wrong"))
+    assert type(mapped) is status
+    assert "what went wrong" in str(mapped)
+
+
+def test_internal_errors_are_retried_by_the_client_and_user_errors_are_not() -> None:
+    from flight_client.client import RETRYABLE
+
+    for error, status in STATUSES:
+        retried = issubclass(status, RETRYABLE)
+        internal = error in (drt.CorruptCacheError, drt.CacheIOError, drt.InternalError)
+        assert retried == internal, error.__name__
+
+
+def test_the_extension_raises_the_classes_dataset_rt_exports(tmp_path: Path) -> None:
+    """The classes are created by the extension; the package re-exports the same objects."""
+    from dataset_rt import _native
+
+    for name in drt.errors.__all__:
+        assert getattr(_native, name) is getattr(drt, name)
+        assert getattr(drt, name).__module__ == "dataset_rt.errors"
+    with pytest.raises(drt.NotFoundError) as info:
+        _native.check_cache(str(tmp_path / "missing"), False)
+    assert isinstance(info.value, LookupError)
+    with pytest.raises(drt.InvalidArgumentError) as invalid:
+        drt.DatasetRuntime(num_workers=0)
+    assert isinstance(invalid.value, ValueError)
+
+
+# -- end to end: a record damaged under a running server -------------------------
+
+
+def payload(index: int) -> bytes:
+    return bytes([index % 251]) * SIZE
+
+
+def write_cache(root: Path, runtime: drt.DatasetRuntime) -> Path:
+    records = [drt.CacheInput(payload(i), {"label": i % 3}) for i in range(RECORDS)]
+    config = drt.WriterConfig(show_progress=False)
+    (result,) = runtime.write_cache(ListSource("plain", records), root, writer_config=config)
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    return result.path
+
+
+def damage(cache: Path, sample_id: int) -> Path:
+    """Flip one byte of an uncompressed record (records are stored back to back)."""
+    shard = cache / "shard-00000.bin"
+    with shard.open("r+b") as file:
+        file.seek(sample_id * SIZE + 7)
+        byte = file.read(1)[0]
+        file.seek(sample_id * SIZE + 7)
+        file.write(bytes([byte ^ 0x20]))
+    return shard
+
+
+def catalog(root: Path, cache: Path, runtime: drt.DatasetRuntime) -> Catalog:
+    return Catalog([DatasetSpec(DATASET, (cache,))], root / "state", runtime)
+
+
+def read_epoch(reader: Any) -> list[int]:
+    return [i for chunk in reader for i in chunk.data.column("sample_id").to_pylist()]
+
+
+def test_a_corrupt_record_met_mid_stream_is_internal_and_names_the_file(
+    tmp_path: Path, runtime: drt.DatasetRuntime
+) -> None:
+    cache = write_cache(tmp_path / "caches", runtime)
+    with serve(catalog(tmp_path, cache, runtime), batch_size=SERVER_BATCH_ROWS) as server:
+        raw = flight.connect(server.location)
+        assert read_epoch(raw.do_get(ticket(ORDERED))) == list(range(RECORDS))
+        shard = damage(cache, CORRUPT_SAMPLE)
+        reader = raw.do_get(ticket(ORDERED))
+        delivered: list[int] = []
+        with pytest.raises(flight.FlightInternalError) as info:
+            for chunk in reader:
+                delivered += chunk.data.column("sample_id").to_pylist()
+        assert 0 < len(delivered) <= CORRUPT_SAMPLE, "the failure must come mid-stream"
+        text = message(info.value)
+        assert str(shard) in text
+        assert "Traceback" not in str(info.value).split("Detail:")[0]
+        # The server keeps serving what is intact.
+        head = {**ORDERED, "epoch_len": CORRUPT_SAMPLE}
+        assert read_epoch(raw.do_get(ticket(head))) == list(range(CORRUPT_SAMPLE))
+        raw.close()
+
+
+def test_the_client_fails_over_to_a_healthy_replica_after_internal(
+    tmp_path: Path, runtime: drt.DatasetRuntime
+) -> None:
+    healthy_cache = write_cache(tmp_path / "healthy", runtime)
+    damaged_cache = write_cache(tmp_path / "damaged", runtime)
+    healthy = catalog(tmp_path / "a", healthy_cache, runtime)
+    damaged = catalog(tmp_path / "b", damaged_cache, runtime)
+    with (
+        serve(damaged, batch_size=SERVER_BATCH_ROWS) as bad,
+        serve(healthy, batch_size=SERVER_BATCH_ROWS) as good,
+    ):
+        damage(damaged_cache, CORRUPT_SAMPLE)
+        with DatasetClient([bad.location, good.location], backoff=0.01) as client:
+            samples = list(client.epoch(DATASET, seed=3, epoch=0, shuffle=False))
+            assert [s.sample_id for s in samples] == list(range(RECORDS))
+            assert [s.payload for s in samples] == [payload(i) for i in range(RECORDS)]
+            assert [f[1] for f in client.failovers] == [bad.location]
+            assert client.failovers[0][2] == "FlightInternalError"
+
+
+def test_the_client_does_not_retry_a_user_error(
+    tmp_path: Path, runtime: drt.DatasetRuntime
+) -> None:
+    cache = write_cache(tmp_path / "caches", runtime)
+    with (
+        serve(catalog(tmp_path, cache, runtime)) as server,
+        DatasetClient([server.location, server.location]) as client,
+    ):
+        with pytest.raises(pa.ArrowInvalid, match="nope"):
+            list(client.epoch(DATASET, seed=0, epoch=0, columns=["nope"]))
+        assert client.failovers == []
+
+
+def test_iter_batches_raises_corrupt_cache_error_like_the_sample_iterator(
+    tmp_path: Path, runtime: drt.DatasetRuntime
+) -> None:
+    cache = write_cache(tmp_path / "caches", runtime)
+    config = drt.ReaderConfig(seed=0, shuffle=False)
+    dataset = runtime.cached_dataset([cache], reader_config=config)
+    shard = damage(cache, CORRUPT_SAMPLE)
+    reader = dataset.iter_batches(batch_size=SERVER_BATCH_ROWS)
+    delivered = 0
+    with pytest.raises(drt.CorruptCacheError, match=str(shard)):
+        for batch in reader:
+            delivered += batch.num_rows
+    assert 0 < delivered <= CORRUPT_SAMPLE
+    with pytest.raises(drt.CorruptCacheError, match=str(shard)):
+        list(dataset)
