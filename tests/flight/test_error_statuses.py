@@ -110,6 +110,13 @@ def catalog(root: Path, cache: Path, runtime: drt.DatasetRuntime) -> Catalog:
     return Catalog([DatasetSpec(DATASET, (cache,))], root / "state", runtime)
 
 
+def collect(reader: Any, into: list[int]) -> None:
+    """Append the sample ids of every batch to ``into`` until the stream ends or fails."""
+    for item in reader:
+        batch = getattr(item, "data", item)  # a Flight chunk or a record batch
+        into += batch.column("sample_id").to_pylist()
+
+
 def read_epoch(reader: Any) -> list[int]:
     return [i for chunk in reader for i in chunk.data.column("sample_id").to_pylist()]
 
@@ -125,8 +132,7 @@ def test_a_corrupt_record_met_mid_stream_is_internal_and_names_the_file(
         reader = raw.do_get(ticket(ORDERED))
         delivered: list[int] = []
         with pytest.raises(flight.FlightInternalError) as info:
-            for chunk in reader:
-                delivered += chunk.data.column("sample_id").to_pylist()
+            collect(reader, delivered)
         assert 0 < len(delivered) <= CORRUPT_SAMPLE, "the failure must come mid-stream"
         text = message(info.value)
         assert str(shard) in text
@@ -178,10 +184,9 @@ def test_iter_batches_raises_corrupt_cache_error_like_the_sample_iterator(
     dataset = runtime.cached_dataset([cache], reader_config=config)
     shard = damage(cache, CORRUPT_SAMPLE)
     reader = dataset.iter_batches(batch_size=SERVER_BATCH_ROWS)
-    delivered = 0
+    delivered: list[int] = []
     with pytest.raises(drt.CorruptCacheError, match=str(shard)):
-        for batch in reader:
-            delivered += batch.num_rows
-    assert 0 < delivered <= CORRUPT_SAMPLE
+        collect(reader, delivered)
+    assert 0 < len(delivered) <= CORRUPT_SAMPLE
     with pytest.raises(drt.CorruptCacheError, match=str(shard)):
         list(dataset)
