@@ -1,5 +1,7 @@
-# One command runner for developers, the pre-commit habit and .ci/run.
-.PHONY: develop test test-rust test-python lint fmt bench demo serve
+# One command runner for developers, the pre-commit hook (.pre-commit-config.yaml)
+# and CI (.ci/run): each check is written here once.
+.PHONY: develop sync test test-rust test-python e2e lint lint-rust lint-python stubtest \
+        probe ci fmt bench demo serve
 
 # Rebuild the extension in place (incremental release build) for a fast loop.
 develop:
@@ -8,21 +10,46 @@ develop:
 	cp target/release/libdataset_rt_native.so dataset_rt/_native.abi3.so.tmp
 	mv -f dataset_rt/_native.abi3.so.tmp dataset_rt/_native.abi3.so
 
+# The locked Python environment with the extension built (what `uv run` does on first use).
+sync:
+	uv sync --locked
+
 test: test-rust test-python
 
 test-rust:
 	cargo test -p dataset_rt_native
 
+# The README's test command.
 test-python:
 	uv run pytest
 
-lint:
+# The container suite (needs a Docker engine with Compose).
+e2e:
+	uv run pytest -m e2e tests/e2e
+
+lint: lint-rust lint-python
+
+lint-rust:
 	cargo fmt --all --check
 	cargo clippy -p dataset_rt_native --all-targets -- -D warnings
 	cargo clippy -p dataset_rt_native --features python -- -D warnings
+	cargo clippy -p flight_probe --all-targets -- -D warnings
+
+lint-python: stubtest
 	uv run ruff check .
 	uv run ruff format --check .
 	uv run mypy
+
+# The stub of the extension against the built module.
+stubtest:
+	uv run python -m mypy.stubtest dataset_rt._native --allowlist dataset_rt/stubtest-allowlist.txt
+
+# The Rust Flight client used by tests/flight/test_cross_language.py.
+probe:
+	cargo build --release -p flight_probe
+
+# Everything CI runs but the container suite, in CI's order.
+ci: lint-rust test-rust sync lint-python probe test-python
 
 fmt:
 	cargo fmt --all

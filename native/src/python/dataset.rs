@@ -107,27 +107,12 @@ impl Dataset {
     }
 
     #[getter]
-    fn position(&self) -> PyResult<u64> {
-        self.inner.position().py()
-    }
-
-    #[getter]
     fn stored_columns(&self) -> Vec<String> {
         self.inner
             .caches()
             .columns()
             .iter()
             .map(|c| c.name.clone())
-            .collect()
-    }
-
-    #[getter]
-    fn cache_ids(&self) -> Vec<u64> {
-        self.inner
-            .caches()
-            .caches()
-            .iter()
-            .map(|c| c.cache_id())
             .collect()
     }
 
@@ -241,7 +226,11 @@ impl Dataset {
         let index = caches.index_of(cache_id).ok_or_else(|| {
             to_pyerr(Error::invalid(format!(
                 "unknown cache_id {cache_id}; the dataset's caches are {:?}",
-                self.cache_ids()
+                caches
+                    .caches()
+                    .iter()
+                    .map(|c| c.cache_id())
+                    .collect::<Vec<_>>()
             )))
         })?;
         let cache = caches.get(index);
@@ -301,21 +290,13 @@ fn window(
 #[pyclass(frozen, module = "dataset_rt._native")]
 pub struct BatchStream {
     stream: Mutex<Option<EpochStream>>,
-    names: Vec<String>,
     failure: Arc<Mutex<Option<Failure>>>,
 }
 
 impl BatchStream {
     pub(super) fn new(stream: EpochStream) -> Self {
-        let names = stream
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
         BatchStream {
             stream: Mutex::new(Some(stream)),
-            names,
             failure: Arc::new(Mutex::new(None)),
         }
     }
@@ -366,11 +347,6 @@ impl BatchStream {
             failure: self.failure.clone(),
         };
         export_stream(py, Box::new(reader))
-    }
-
-    #[getter]
-    fn schema_names(&self) -> Vec<String> {
-        self.names.clone()
     }
 
     /// Raise the error that ended the stream, if one did (as its own class).

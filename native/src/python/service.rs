@@ -63,27 +63,12 @@ impl DatasetService {
     }
 
     #[getter]
-    fn name(&self) -> String {
-        self.inner.name().to_string()
-    }
-
-    #[getter]
     fn cache_ids(&self) -> Vec<u64> {
         self.inner
             .caches()
             .caches()
             .iter()
             .map(|c| c.cache_id())
-            .collect()
-    }
-
-    #[getter]
-    fn stored_columns(&self) -> Vec<String> {
-        self.inner
-            .caches()
-            .columns()
-            .iter()
-            .map(|c| c.name.clone())
             .collect()
     }
 
