@@ -40,6 +40,22 @@ class Runtime:
     def num_workers(self) -> int: ...
 
 @final
+class ReaderOptions:
+    """The validated values of a `ReaderConfig`."""
+
+    def __new__(
+        cls, *, seed: int, prefetch_size: int, shuffle: bool, validate_cache: bool
+    ) -> Self: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def prefetch_size(self) -> int: ...
+    @property
+    def shuffle(self) -> bool: ...
+    @property
+    def validate_cache(self) -> bool: ...
+
+@final
 class BatchStream:
     """A one-shot Arrow record batch stream (export it with ``__arrow_c_stream__``)."""
 
@@ -62,16 +78,7 @@ class ArrowTable:
 
 @final
 class Dataset:
-    def __new__(
-        cls,
-        runtime: Runtime,
-        paths: list[str],
-        *,
-        seed: int,
-        shuffle: bool,
-        prefetch_size: int,
-        validate_cache: bool,
-    ) -> Self: ...
+    def __new__(cls, runtime: Runtime, paths: list[str], options: ReaderOptions) -> Self: ...
     @property
     def epoch_len(self) -> int: ...
     @property

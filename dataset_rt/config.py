@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
+from dataset_rt import _native
 from dataset_rt.errors import InvalidArgumentError
 
 CompressionAlgo: TypeAlias = Literal["none", "lz4", "zstd"]
@@ -100,24 +101,28 @@ class ReaderConfig:
     prefetch_size: int = 64
     shuffle: bool = True
     validate_cache: bool = False
+    # The engine's validated copy (its rules live in Rust): built at construction,
+    # so a bad value fails where it is written.
+    _options: _native.ReaderOptions = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise InvalidArgumentError(
-                f"ReaderConfig.seed must be an int, got {type(self.seed).__name__} {self.seed!r}"
-            )
-        if not -(2**63) <= self.seed < 2**64:
-            raise InvalidArgumentError(
-                f"ReaderConfig.seed must fit in 64 bits (-2**63 <= seed < 2**64), got {self.seed}"
-            )
-        _require_int("ReaderConfig", "prefetch_size", self.prefetch_size, minimum=1)
-        _require_bool("ReaderConfig", "shuffle", self.shuffle)
-        _require_bool("ReaderConfig", "validate_cache", self.validate_cache)
+        options = _native.ReaderOptions(
+            seed=self.seed,
+            prefetch_size=self.prefetch_size,
+            shuffle=self.shuffle,
+            validate_cache=self.validate_cache,
+        )
+        object.__setattr__(self, "_options", options)
 
     @property
     def seed_u64(self) -> int:
         """The seed as the unsigned 64-bit value the sampler uses."""
-        return self.seed % 2**64
+        return self._options.seed
+
+    @property
+    def options(self) -> _native.ReaderOptions:
+        """The engine's validated copy of this configuration."""
+        return self._options
 
 
 DEFAULT_WRITER_CONFIG = WriterConfig()

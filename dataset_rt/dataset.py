@@ -48,14 +48,7 @@ class CachedDataset:
         dataset = cls.__new__(cls)
         dataset.cache_paths = list(paths)
         dataset.reader_config = config
-        dataset._engine = _native.Dataset(
-            runtime,
-            [str(p) for p in paths],
-            seed=config.seed_u64,
-            shuffle=config.shuffle,
-            prefetch_size=config.prefetch_size,
-            validate_cache=config.validate_cache,
-        )
+        dataset._engine = _native.Dataset(runtime, [str(p) for p in paths], config.options)
         return dataset
 
     # -- population -------------------------------------------------------------

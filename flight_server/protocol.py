@@ -113,7 +113,7 @@ class ActionBody:
         fields = _Fields(_decode(raw, "action body"), "action body")
         body = cls(
             dataset=fields.string("dataset", required=True) if dataset else None,
-            epoch_len=fields.integer("epoch_len", required=True, minimum=1) if epoch_len else None,
+            epoch_len=fields.integer("epoch_len", required=True) if epoch_len else None,
         )
         fields.finish()
         return body

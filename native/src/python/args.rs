@@ -19,14 +19,14 @@ fn integer(name: &str, value: &Bound<'_, PyAny>, valid: &str) -> PyResult<i128> 
             .map(|n| n.to_string())
             .unwrap_or_default();
         return Err(Error::invalid(format!(
-            "{name} must be an int {valid}, got {kind} {}",
+            "'{name}' must be an int {valid}, got {kind} {}",
             value.repr().map(|r| r.to_string()).unwrap_or_default()
         )))
         .py();
     }
     value.extract::<i128>().map_err(|_| {
         super::errors::to_pyerr(Error::invalid(format!(
-            "{name} must be an int {valid} that fits in 64 bits"
+            "'{name}' must be an int {valid} that fits in 64 bits"
         )))
     })
 }
@@ -35,7 +35,7 @@ fn integer(name: &str, value: &Bound<'_, PyAny>, valid: &str) -> PyResult<i128> 
 pub fn unsigned(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
     let n = integer(name, value, ">= 0")?;
     u64::try_from(n)
-        .map_err(|_| Error::invalid(format!("{name} must be between 0 and 2**64 - 1, got {n}")))
+        .map_err(|_| Error::invalid(format!("'{name}' must be between 0 and 2**64 - 1, got {n}")))
         .py()
 }
 
@@ -45,7 +45,7 @@ pub fn positive(name: &str, value: &Bound<'_, PyAny>) -> PyResult<NonZeroU64> {
     u64::try_from(n)
         .ok()
         .and_then(NonZeroU64::new)
-        .ok_or_else(|| Error::invalid(format!("{name} must be >= 1, got {n}")))
+        .ok_or_else(|| Error::invalid(format!("'{name}' must be >= 1, got {n}")))
         .py()
 }
 
@@ -55,7 +55,7 @@ pub fn positive_usize(name: &str, value: &Bound<'_, PyAny>) -> PyResult<NonZeroU
     usize::try_from(n.get())
         .ok()
         .and_then(NonZeroUsize::new)
-        .ok_or_else(|| Error::invalid(format!("{name} is too large, got {n}")))
+        .ok_or_else(|| Error::invalid(format!("'{name}' is too large, got {n}")))
         .py()
 }
 
@@ -66,4 +66,36 @@ pub fn positive_usize_or(
     default: usize,
 ) -> PyResult<usize> {
     value.map_or(Ok(default), |v| positive_usize(name, v).map(|n| n.get()))
+}
+
+/// A seed: any int that fits in 64 bits, signed or not; a negative seed is
+/// taken modulo 2**64 (so -1 and 2**64 - 1 name the same stream).
+pub fn seed(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let n = integer(name, value, "that fits in 64 bits")?;
+    if let Ok(unsigned) = u64::try_from(n) {
+        return Ok(unsigned);
+    }
+    i64::try_from(n)
+        .map(|signed| signed as u64)
+        .map_err(|_| {
+            Error::invalid(format!(
+                "'{name}' must fit in 64 bits (-2**63 <= seed < 2**64), got {n}"
+            ))
+        })
+        .py()
+}
+
+/// A bool (an int is refused: `shuffle=1` is a mistake, not `True`).
+pub fn boolean(name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    match value.cast::<PyBool>() {
+        Ok(b) => Ok(b.is_true()),
+        Err(_) => {
+            let kind = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            Err(Error::invalid(format!(
+                "'{name}' must be a bool, got {kind} {}",
+                value.repr().map(|r| r.to_string()).unwrap_or_default()
+            )))
+            .py()
+        }
+    }
 }

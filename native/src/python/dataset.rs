@@ -11,8 +11,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyString, PyType};
 
-use super::args::{positive, positive_usize, positive_usize_or, unsigned};
+use super::args::{positive, positive_usize_or, unsigned};
 use super::arrow::{concat, export_stream, import_table, ArrowTable};
+use super::config::ReaderOptions;
 use super::errors::{to_pyerr, Failure, IntoPyResult};
 use super::Runtime;
 use crate::dataset::Dataset as EngineDataset;
@@ -72,27 +73,24 @@ impl Dataset {
 #[pymethods]
 impl Dataset {
     #[new]
-    #[pyo3(signature = (runtime, paths, *, seed, shuffle, prefetch_size, validate_cache))]
     fn new(
         py: Python<'_>,
         runtime: &Runtime,
         paths: Vec<PathBuf>,
-        seed: u64,
-        shuffle: bool,
-        prefetch_size: &Bound<'_, PyAny>,
-        validate_cache: bool,
+        options: &ReaderOptions,
     ) -> PyResult<Self> {
-        let prefetch_size = positive_usize("prefetch_size", prefetch_size)?.get();
+        let order = StreamOrder::new(options.shuffle, options.seed);
+        let verify = options.validate_cache;
         let inner = py
             .detach(|| {
-                let caches = Arc::new(CacheSet::open(&paths, validate_cache)?);
-                EngineDataset::new(caches, StreamOrder::new(shuffle, seed))
+                let caches = Arc::new(CacheSet::open(&paths, verify)?);
+                EngineDataset::new(caches, order)
             })
             .py()?;
         Ok(Dataset {
             inner: Arc::new(inner),
             pool: runtime.pool.clone(),
-            prefetch: prefetch_size,
+            prefetch: options.prefetch_size,
         })
     }
 

@@ -5,6 +5,7 @@
 mod args;
 mod arrow;
 mod cache;
+mod config;
 mod dataset;
 mod errors;
 mod request;
@@ -58,6 +59,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<service::ServiceStats>()?;
     m.add_class::<request::StreamRequest>()?;
     m.add_class::<request::MetadataRequest>()?;
+    m.add_class::<config::ReaderOptions>()?;
     m.add_class::<cache::VerifyReport>()?;
     m.add_class::<cache::CacheInfo>()?;
     m.add_class::<cache::ShardInfo>()?;
