@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used)]
 //! End-to-end tests of the pure-Rust engine: write caches, open them, validate
 //! populations and read windows of the stream.
 
