@@ -56,6 +56,30 @@ class ReaderOptions:
     def validate_cache(self) -> bool: ...
 
 @final
+class CompressionOptions:
+    """The validated values of a `ShardCompression`."""
+
+    def __new__(cls, *, algo: str, level: int) -> Self: ...
+
+@final
+class WriteOptions:
+    """The validated values of a `WriterConfig`."""
+
+    def __new__(
+        cls,
+        *,
+        prefetch_size: int,
+        max_shard_bytes: int,
+        compression: CompressionOptions,
+        show_progress: bool,
+        validate_cache: bool,
+    ) -> Self: ...
+    @property
+    def show_progress(self) -> bool: ...
+    @property
+    def validate_cache(self) -> bool: ...
+
+@final
 class BatchStream:
     """A one-shot Arrow record batch stream (export it with ``__arrow_c_stream__``)."""
 
@@ -239,12 +263,7 @@ def write_cache(
     records: Iterator[Any],
     base_dir: str,
     name: str,
-    *,
-    prefetch_size: int,
-    max_shard_bytes: int,
-    compression: str,
-    compression_level: int,
-    show_progress: bool,
+    options: WriteOptions,
     total: int | None = None,
 ) -> str: ...
 def check_cache(path: str, full: bool) -> None: ...

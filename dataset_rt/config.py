@@ -14,24 +14,6 @@ from dataset_rt.errors import InvalidArgumentError
 
 CompressionAlgo: TypeAlias = Literal["none", "lz4", "zstd"]
 
-_ZSTD_LEVELS = range(1, 23)
-
-
-def _require_int(owner: str, name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(
-            f"{owner}.{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}"
-        )
-    if value < minimum:
-        raise InvalidArgumentError(f"{owner}.{name} must be >= {minimum}, got {value}")
-
-
-def _require_bool(owner: str, name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(
-            f"{owner}.{name} must be a bool, got {type(value).__name__} {value!r}"
-        )
-
 
 @dataclass(frozen=True)
 class ShardCompression:
@@ -44,17 +26,17 @@ class ShardCompression:
 
     algo: CompressionAlgo = "none"
     level: int = 3
+    # The engine's validated copy (its rules live in Rust), built at construction.
+    _options: _native.CompressionOptions = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.algo not in ("none", "lz4", "zstd"):
-            raise InvalidArgumentError(
-                f"ShardCompression.algo must be 'none', 'lz4' or 'zstd', got {self.algo!r}"
-            )
-        _require_int("ShardCompression", "level", self.level, minimum=1)
-        if self.level not in _ZSTD_LEVELS:
-            raise InvalidArgumentError(
-                f"ShardCompression.level must be between 1 and 22, got {self.level}"
-            )
+        options = _native.CompressionOptions(algo=self.algo, level=self.level)
+        object.__setattr__(self, "_options", options)
+
+    @property
+    def options(self) -> _native.CompressionOptions:
+        """The engine's validated copy of this configuration."""
+        return self._options
 
 
 @dataclass(frozen=True)
@@ -74,16 +56,28 @@ class WriterConfig:
     show_progress: bool = True
     validate_cache: bool = False
 
+    # The engine's validated copy (its rules live in Rust), built at construction.
+    _options: _native.WriteOptions = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
-        _require_int("WriterConfig", "prefetch_size", self.prefetch_size, minimum=1)
-        _require_int("WriterConfig", "max_shard_bytes", self.max_shard_bytes, minimum=1)
         if not isinstance(self.shard_compression, ShardCompression):
             raise InvalidArgumentError(
                 "WriterConfig.shard_compression must be a ShardCompression, got "
                 f"{type(self.shard_compression).__name__}"
             )
-        _require_bool("WriterConfig", "show_progress", self.show_progress)
-        _require_bool("WriterConfig", "validate_cache", self.validate_cache)
+        options = _native.WriteOptions(
+            prefetch_size=self.prefetch_size,
+            max_shard_bytes=self.max_shard_bytes,
+            compression=self.shard_compression.options,
+            show_progress=self.show_progress,
+            validate_cache=self.validate_cache,
+        )
+        object.__setattr__(self, "_options", options)
+
+    @property
+    def options(self) -> _native.WriteOptions:
+        """The engine's validated copy of this configuration."""
+        return self._options
 
 
 @dataclass(frozen=True)

@@ -178,17 +178,12 @@ class DatasetRuntime:
             # Refuse a damaged cache loudly instead of reading or deleting it.
             _native.check_cache(str(target), config.validate_cache)
             return target
-        compression = config.shard_compression
         written = _native.write_cache(
             self._native,
             iter(source),  # type: ignore[call-overload]
             str(base_dir),
             name,
-            prefetch_size=config.prefetch_size,
-            max_shard_bytes=config.max_shard_bytes,
-            compression=compression.algo,
-            compression_level=compression.level,
-            show_progress=config.show_progress,
+            config.options,
             total=_length_hint(source),
         )
         return Path(written)

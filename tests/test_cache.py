@@ -699,3 +699,28 @@ def test_opening_the_same_cache_twice_or_mismatched_schemas_is_refused(
         runtime.cached_dataset([a, copy], reader_config=READ)
     with pytest.raises(drt.SchemaMismatchError):
         runtime.cached_dataset([a, b], reader_config=READ)
+
+
+def test_config_rules_live_in_the_engine() -> None:
+    """The native option types enforce the rules themselves: no Python path skips them."""
+    from dataset_rt import _native
+
+    with pytest.raises(drt.InvalidArgumentError, match="level"):
+        _native.CompressionOptions(algo="zstd", level=99)
+    with pytest.raises(drt.InvalidArgumentError, match="algo"):
+        _native.CompressionOptions(algo="gzip", level=3)
+    compression = _native.CompressionOptions(algo="lz4", level=3)
+    with pytest.raises(drt.InvalidArgumentError, match="prefetch_size"):
+        _native.WriteOptions(
+            prefetch_size=0,
+            max_shard_bytes=1,
+            compression=compression,
+            show_progress=False,
+            validate_cache=False,
+        )
+    with pytest.raises(drt.InvalidArgumentError, match="prefetch_size"):
+        _native.ReaderOptions(seed=0, prefetch_size=0, shuffle=True, validate_cache=False)
+    assert (
+        _native.ReaderOptions(seed=-1, prefetch_size=1, shuffle=True, validate_cache=False).seed
+        == 2**64 - 1
+    )

@@ -1,7 +1,8 @@
 //! DatasetRT's engine: immutable caches (`storage`), validated populations
-//! (`population`), counter-based draws (`sampling`) and epoch streams read by a
-//! fixed pool of worker threads (`stream`). `python` holds the PyO3 bindings and
-//! is the only module that knows about Python.
+//! (`population`), counter-based draws (`sampling`) and epoch streams (`stream`),
+//! with the work of writing and reading spread over a fixed pool of worker
+//! threads (`workers`). `python` holds the PyO3 bindings and is the only module
+//! that knows about Python.
 
 pub mod dataset;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod sampling;
 pub mod service;
 pub mod storage;
 pub mod stream;
+pub mod workers;
 
 #[cfg(feature = "python")]
 mod python;

@@ -1,8 +1,8 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used)]
 //! End-to-end tests of the pure-Rust engine: write caches, open them, validate
 //! populations and read windows of the stream.
 
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -32,8 +32,9 @@ fn write_cache(base: &Path, name: &str, n: u64, codec: Codec, max_shard_bytes: u
         },
     ];
     let options = WriterOptions {
-        max_shard_bytes,
-        compression: Compression { codec, level: 3 },
+        max_shard_bytes: NonZeroU64::new(max_shard_bytes).unwrap(),
+        compression: Compression::new(codec, 3).unwrap(),
+        ..WriterOptions::default()
     };
     let mut writer = CacheWriter::create(base, name, columns, options).unwrap();
     for i in 0..n {

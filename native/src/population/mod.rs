@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Float64Array, RecordBatch, UInt64Array};
 use arrow_schema::{Field, Schema, SchemaRef};
-use xxhash_rust::xxh3::Xxh3;
 
 use crate::error::{Error, Result};
 use crate::sampling::AliasTable;
@@ -30,7 +29,6 @@ pub struct Population {
     /// cache, weight Float64), used to assemble stream batches.
     canonical: Vec<(String, ArrayRef)>,
     alias: AliasTable,
-    content_hash: u64,
 }
 
 impl Population {
@@ -113,14 +111,12 @@ impl Population {
             "weight".into(),
             Arc::new(Float64Array::from(weights.to_vec())),
         ));
-        let content_hash = hash_identities(&canonical, &table);
         Ok(Population {
             table,
             cache_index,
             sample_ids,
             canonical,
             alias,
-            content_hash,
         })
     }
 
@@ -169,30 +165,4 @@ impl Population {
     pub fn schema(&self) -> SchemaRef {
         self.table.schema()
     }
-
-    /// A hash of the rows' identities, weights and order plus the extra columns'
-    /// names; equal tables hash equally.
-    pub fn content_hash(&self) -> u64 {
-        self.content_hash
-    }
-}
-
-fn hash_identities(canonical: &[(String, ArrayRef)], table: &RecordBatch) -> u64 {
-    let mut hasher = Xxh3::new();
-    hasher.update(b"dataset_rt.population.v1\0");
-    // Identities and weights are freshly built, unsliced arrays, so their
-    // buffers are exactly their values. Stored columns follow from identities.
-    for (name, array) in canonical {
-        if matches!(name.as_str(), "cache_id" | "sample_id" | "weight") {
-            hasher.update(name.as_bytes());
-            for buffer in array.to_data().buffers() {
-                hasher.update(buffer.as_slice());
-            }
-        }
-    }
-    for field in table.schema().fields() {
-        hasher.update(field.name().as_bytes());
-        hasher.update(&[0]);
-    }
-    hasher.digest()
 }

@@ -11,7 +11,7 @@ use pyo3::types::{PyBool, PyInt};
 use super::errors::IntoPyResult;
 use crate::error::Error;
 
-fn integer(name: &str, value: &Bound<'_, PyAny>, valid: &str) -> PyResult<i128> {
+pub fn integer(name: &str, value: &Bound<'_, PyAny>, valid: &str) -> PyResult<i128> {
     if value.cast::<PyBool>().is_ok() || value.cast::<PyInt>().is_err() {
         let kind = value
             .get_type()
@@ -90,7 +90,11 @@ pub fn boolean(name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
     match value.cast::<PyBool>() {
         Ok(b) => Ok(b.is_true()),
         Err(_) => {
-            let kind = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            let kind = value
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default();
             Err(Error::invalid(format!(
                 "'{name}' must be a bool, got {kind} {}",
                 value.repr().map(|r| r.to_string()).unwrap_or_default()

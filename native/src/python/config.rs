@@ -4,7 +4,22 @@
 
 use pyo3::prelude::*;
 
-use super::args::{boolean, positive_usize, seed};
+use super::args::{boolean, integer, positive_usize, seed, unsigned};
+use super::errors::IntoPyResult;
+use crate::error::{Error, Result};
+use crate::storage::{Codec, Compression, WriterOptions};
+
+/// Name the config field an engine rule is about: with the prefix
+/// "WriterConfig.", "prefetch_size must be ..." becomes "WriterConfig.prefetch_size
+/// must be ...".
+fn field_of<T>(prefix: &str, result: Result<T>) -> PyResult<T> {
+    result
+        .map_err(|error| match error {
+            Error::InvalidArgument(message) => Error::invalid(format!("{prefix}{message}")),
+            other => other,
+        })
+        .py()
+}
 
 /// The validated values of a `ReaderConfig`.
 #[pyclass(frozen, get_all, module = "dataset_rt._native")]
@@ -31,6 +46,74 @@ impl ReaderOptions {
             prefetch_size: positive_usize("ReaderConfig.prefetch_size", prefetch_size)?.get(),
             shuffle: boolean("ReaderConfig.shuffle", shuffle)?,
             validate_cache: boolean("ReaderConfig.validate_cache", validate_cache)?,
+        })
+    }
+}
+
+/// The validated values of a `ShardCompression`.
+#[pyclass(frozen, module = "dataset_rt._native")]
+pub struct CompressionOptions {
+    pub engine: Compression,
+}
+
+#[pymethods]
+impl CompressionOptions {
+    #[new]
+    #[pyo3(signature = (*, algo, level))]
+    fn new(algo: &Bound<'_, PyAny>, level: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let algo: String = algo.extract().map_err(|_| {
+            super::errors::to_pyerr(Error::invalid(format!(
+                "ShardCompression.algo must be 'none', 'lz4' or 'zstd', got {}",
+                algo.repr().map(|r| r.to_string()).unwrap_or_default()
+            )))
+        })?;
+        let codec = field_of("ShardCompression.algo: ", Codec::parse(&algo))?;
+        let level = i32::try_from(integer(
+            "ShardCompression.level",
+            level,
+            "between 1 and 22",
+        )?)
+        .map_err(|_| Error::invalid("ShardCompression.level must be between 1 and 22"))
+        .py()?;
+        let engine = field_of("ShardCompression.level: ", Compression::new(codec, level))?;
+        Ok(CompressionOptions { engine })
+    }
+}
+
+/// The validated values of a `WriterConfig`.
+#[pyclass(frozen, module = "dataset_rt._native")]
+pub struct WriteOptions {
+    pub engine: WriterOptions,
+    #[pyo3(get)]
+    pub show_progress: bool,
+    #[pyo3(get)]
+    pub validate_cache: bool,
+}
+
+#[pymethods]
+impl WriteOptions {
+    #[new]
+    #[pyo3(signature = (*, prefetch_size, max_shard_bytes, compression, show_progress, validate_cache))]
+    fn new(
+        prefetch_size: &Bound<'_, PyAny>,
+        max_shard_bytes: &Bound<'_, PyAny>,
+        compression: &CompressionOptions,
+        show_progress: &Bound<'_, PyAny>,
+        validate_cache: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let prefetch = unsigned("WriterConfig.prefetch_size", prefetch_size)?;
+        let shard_bytes = unsigned("WriterConfig.max_shard_bytes", max_shard_bytes)?;
+        let prefetch = usize::try_from(prefetch)
+            .map_err(|_| Error::invalid("WriterConfig.prefetch_size is too large"))
+            .py()?;
+        let engine = field_of(
+            "WriterConfig.",
+            WriterOptions::new(prefetch, shard_bytes, compression.engine),
+        )?;
+        Ok(WriteOptions {
+            engine,
+            show_progress: boolean("WriterConfig.show_progress", show_progress)?,
+            validate_cache: boolean("WriterConfig.validate_cache", validate_cache)?,
         })
     }
 }

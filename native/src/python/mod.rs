@@ -60,6 +60,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<request::StreamRequest>()?;
     m.add_class::<request::MetadataRequest>()?;
     m.add_class::<config::ReaderOptions>()?;
+    m.add_class::<config::WriteOptions>()?;
+    m.add_class::<config::CompressionOptions>()?;
     m.add_class::<cache::VerifyReport>()?;
     m.add_class::<cache::CacheInfo>()?;
     m.add_class::<cache::ShardInfo>()?;

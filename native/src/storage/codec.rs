@@ -1,5 +1,7 @@
 //! Per-record payload encoding: optional compression plus a cheap checksum.
 
+use std::ops::RangeInclusive;
+
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -43,10 +45,49 @@ impl Codec {
     }
 }
 
+/// How payloads are compressed: a codec and a level, checked when built.
+///
+/// The level is used by zstd only, but every codec accepts exactly the zstd
+/// range so that a configuration valid for one codec is valid for all.
+/// (Deserializing a manifest does not re-check: it reports what a cache was
+/// written with.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Compression {
-    pub codec: Codec,
-    pub level: i32,
+    codec: Codec,
+    level: i32,
+}
+
+impl Compression {
+    /// The levels every codec accepts (zstd's range).
+    pub const LEVELS: RangeInclusive<i32> = 1..=22;
+
+    pub fn new(codec: Codec, level: i32) -> Result<Self> {
+        if !Self::LEVELS.contains(&level) {
+            let (first, last) = (Self::LEVELS.start(), Self::LEVELS.end());
+            let rule = format!("compression level must be between {first} and {last}");
+            return Err(Error::invalid(match codec {
+                Codec::Zstd => format!("{rule} for zstd, got {level}"),
+                Codec::None | Codec::Lz4 => format!(
+                    "{rule}, got {level} (the level is used by zstd only, but every codec \
+                     accepts the same range)"
+                ),
+            }));
+        }
+        Ok(Compression { codec, level })
+    }
+
+    /// A codec by name (`none`, `lz4`, `zstd`) and a level.
+    pub fn parse(codec: &str, level: i32) -> Result<Self> {
+        Self::new(Codec::parse(codec)?, level)
+    }
+
+    pub fn codec(self) -> Codec {
+        self.codec
+    }
+
+    pub fn level(self) -> i32 {
+        self.level
+    }
 }
 
 impl Default for Compression {
@@ -74,11 +115,11 @@ impl EncodedRecord {
     pub fn encode(raw: Vec<u8>, compression: Compression) -> Result<Self> {
         let raw_hash = xxh3_64(&raw);
         let raw_len = raw.len() as u64;
-        let (stored, codec) = match compression.codec {
+        let (stored, codec) = match compression.codec() {
             Codec::None => (raw, Codec::None),
             Codec::Lz4 => (lz4_flex::block::compress(&raw), Codec::Lz4),
             Codec::Zstd => (
-                zstd::bulk::compress(&raw, compression.level)
+                zstd::bulk::compress(&raw, compression.level())
                     .map_err(|e| Error::internal(format!("zstd compression failed: {e}")))?,
                 Codec::Zstd,
             ),
@@ -135,11 +176,51 @@ mod tests {
     fn round_trips_every_codec() {
         let raw: Vec<u8> = (0..10_000u32).map(|i| (i % 7) as u8).collect();
         for codec in [Codec::None, Codec::Lz4, Codec::Zstd] {
-            let rec = EncodedRecord::encode(raw.clone(), Compression { codec, level: 3 }).unwrap();
+            let rec =
+                EncodedRecord::encode(raw.clone(), Compression::new(codec, 3).unwrap()).unwrap();
             assert_eq!(rec.checksum, xxh3_64(&rec.stored));
             let mut out = vec![0u8; rec.raw_len as usize];
             decode_into(rec.codec, &rec.stored, &mut out).unwrap();
             assert_eq!(out, raw);
         }
+    }
+
+    #[test]
+    fn compression_is_checked_when_built() {
+        for codec in ["none", "lz4", "zstd"] {
+            for level in [1, 3, 22] {
+                let c = Compression::parse(codec, level).unwrap();
+                assert_eq!(
+                    (c.codec(), c.level()),
+                    (Codec::parse(codec).unwrap(), level)
+                );
+            }
+        }
+        let err = Compression::parse("zstd", 99).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "compression level must be between 1 and 22 for zstd, got 99"
+        );
+        for (codec, level) in [("zstd", 0), ("lz4", 23), ("none", -1)] {
+            let err = Compression::parse(codec, level).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+            assert!(
+                err.to_string()
+                    .starts_with("compression level must be between 1 and 22"),
+                "{err}"
+            );
+            assert!(err.to_string().contains(&format!("got {level}")), "{err}");
+        }
+        let err = Compression::parse("gzip", 3).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "compression must be 'none', 'lz4' or 'zstd', got 'gzip'"
+        );
+        assert_eq!(
+            Compression::default(),
+            Compression::new(Codec::None, 3).unwrap()
+        );
     }
 }

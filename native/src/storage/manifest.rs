@@ -140,10 +140,7 @@ mod tests {
                 name: "label".into(),
                 dtype: MetaType::Int64,
             }],
-            compression: Compression {
-                codec: Codec::Lz4,
-                level: 3,
-            },
+            compression: Compression::new(Codec::Lz4, 3).unwrap(),
             payload_bytes: 5,
             stored_bytes: 5,
             index: entry("index.bin"),

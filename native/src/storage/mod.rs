@@ -1,4 +1,6 @@
 //! Immutable caches: one directory per source, published by rename when complete.
+//! `WritePipeline` writes one from a sequence of records, encoding on the worker
+//! threads; `CacheWriter` appends already encoded records in order.
 //!
 //! ```text
 //! <base>/<name>/manifest.json    format version, identity, schema, file checksums
@@ -12,6 +14,7 @@ mod cache;
 mod codec;
 mod index;
 mod manifest;
+mod pipeline;
 pub(crate) mod publish;
 mod schema;
 mod writer;
@@ -20,6 +23,7 @@ pub use cache::{Cache, CacheSet, VerifyReport};
 pub use codec::{Codec, Compression, EncodedRecord};
 pub use index::{IndexEntry, INDEX_ENTRY_BYTES};
 pub use manifest::{FileEntry, Manifest, FORMAT_VERSION};
+pub use pipeline::WritePipeline;
 pub use publish::validate_source_name;
 pub use schema::{ColumnSpec, MetaType, MetaValue, SchemaBinder};
 pub use writer::{CacheWriter, WriterOptions};

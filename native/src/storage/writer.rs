@@ -4,6 +4,7 @@
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -20,16 +21,50 @@ use super::schema::{ColumnBuilders, ColumnSpec, MetaValue};
 use super::{hex64, shard_file_name, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
 
+/// How a cache is written. The types carry the rules (`NonZero*`, a checked
+/// `Compression`); `WriterOptions::new` is the one place raw values are checked.
 #[derive(Debug, Clone, Copy)]
 pub struct WriterOptions {
-    pub max_shard_bytes: u64,
+    /// Most records handed to the workers and not yet committed (used by
+    /// `WritePipeline`; `CacheWriter` appends records one at a time).
+    pub prefetch_records: NonZeroUsize,
+    /// A shard is closed before it would pass this many bytes (a single larger
+    /// record gets a shard of its own).
+    pub max_shard_bytes: NonZeroU64,
     pub compression: Compression,
+}
+
+const DEFAULT_PREFETCH_RECORDS: NonZeroUsize = match NonZeroUsize::new(64) {
+    Some(n) => n,
+    None => NonZeroUsize::MIN,
+};
+const DEFAULT_MAX_SHARD_BYTES: NonZeroU64 = match NonZeroU64::new(64 << 20) {
+    Some(n) => n,
+    None => NonZeroU64::MIN,
+};
+
+impl WriterOptions {
+    /// Options from the raw values a caller passes (`write_cache`'s keywords).
+    pub fn new(
+        prefetch_size: usize,
+        max_shard_bytes: u64,
+        compression: Compression,
+    ) -> Result<Self> {
+        Ok(WriterOptions {
+            prefetch_records: NonZeroUsize::new(prefetch_size)
+                .ok_or_else(|| Error::invalid("prefetch_size must be >= 1, got 0"))?,
+            max_shard_bytes: NonZeroU64::new(max_shard_bytes)
+                .ok_or_else(|| Error::invalid("max_shard_bytes must be >= 1, got 0"))?,
+            compression,
+        })
+    }
 }
 
 impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
-            max_shard_bytes: 64 << 20,
+            prefetch_records: DEFAULT_PREFETCH_RECORDS,
+            max_shard_bytes: DEFAULT_MAX_SHARD_BYTES,
             compression: Compression::default(),
         }
     }
@@ -69,9 +104,6 @@ impl CacheWriter {
         options: WriterOptions,
     ) -> Result<Self> {
         validate_source_name(name)?;
-        if options.max_shard_bytes == 0 {
-            return Err(Error::invalid("max_shard_bytes must be >= 1"));
-        }
         let target = base.join(name);
         if target.exists() {
             return Err(Error::invalid(format!(
@@ -127,7 +159,8 @@ impl CacheWriter {
         let needs_new_shard = match &self.shard {
             None => true,
             Some(s) => {
-                s.bytes > 0 && s.bytes + record.stored.len() as u64 > self.options.max_shard_bytes
+                s.bytes > 0
+                    && s.bytes + record.stored.len() as u64 > self.options.max_shard_bytes.get()
             }
         };
         if needs_new_shard {
@@ -273,4 +306,28 @@ fn file_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked_once_with_the_argument_named() {
+        let options = WriterOptions::new(4, 1000, Compression::default()).unwrap();
+        assert_eq!(options.prefetch_records.get(), 4);
+        assert_eq!(options.max_shard_bytes.get(), 1000);
+        for (prefetch, shard, message) in [
+            (0, 1000, "prefetch_size must be >= 1"),
+            (4, 0, "max_shard_bytes must be >= 1"),
+        ] {
+            let err = WriterOptions::new(prefetch, shard, Compression::default()).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+            assert_eq!(err.to_string(), message);
+        }
+        let defaults = WriterOptions::default();
+        assert_eq!(defaults.prefetch_records.get(), 64);
+        assert_eq!(defaults.max_shard_bytes.get(), 64 << 20);
+    }
 }

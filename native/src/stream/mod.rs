@@ -10,22 +10,20 @@
 
 mod batch;
 mod draws;
-mod pool;
 
-use std::collections::{BTreeMap, VecDeque};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchReader};
 use arrow_schema::{ArrowError, SchemaRef};
-use crossbeam_channel::{unbounded, Receiver, Sender};
 
+pub use crate::workers::WorkerPool;
 pub use batch::{BaseColumn, BatchContext, BASE_COLUMNS};
 pub use draws::draw_rows;
-pub use pool::WorkerPool;
 
 use crate::error::{Error, Result};
+use crate::workers::ReorderBuffer;
 
 #[derive(Debug, Clone, Copy)]
 pub struct StreamOptions {
@@ -67,8 +65,6 @@ impl StreamOptions {
     }
 }
 
-type Slot = (u64, Result<RecordBatch>);
-
 /// Rows and bytes handed to consumers, shared by the streams of one service.
 #[derive(Debug, Default)]
 pub struct StreamCounters {
@@ -82,15 +78,12 @@ pub struct EpochStream {
     options: StreamOptions,
     /// Next window index to plan.
     planned: u64,
-    next_submit: u64,
-    next_emit: u64,
     /// Rows and payload bytes of each in-flight batch, in sequence order.
     in_flight: VecDeque<(usize, u64)>,
     in_flight_rows: usize,
     in_flight_bytes: u64,
-    pending: BTreeMap<u64, Result<RecordBatch>>,
-    sender: Sender<Slot>,
-    receiver: Receiver<Slot>,
+    /// Batches built by the workers, handed back in position order.
+    built: ReorderBuffer<Result<RecordBatch>>,
     cancelled: Arc<AtomicBool>,
     finished: bool,
     counters: Option<Arc<StreamCounters>>,
@@ -99,20 +92,15 @@ pub struct EpochStream {
 impl EpochStream {
     pub fn new(ctx: BatchContext, pool: Arc<WorkerPool>, options: StreamOptions) -> Result<Self> {
         options.validate()?;
-        let (sender, receiver) = unbounded();
         Ok(EpochStream {
             ctx: Arc::new(ctx),
             pool,
             options,
             planned: 0,
-            next_submit: 0,
-            next_emit: 0,
             in_flight: VecDeque::new(),
             in_flight_rows: 0,
             in_flight_bytes: 0,
-            pending: BTreeMap::new(),
-            sender,
-            receiver,
+            built: ReorderBuffer::new(),
             cancelled: Arc::new(AtomicBool::new(false)),
             finished: false,
             counters: None,
@@ -144,45 +132,33 @@ impl EpochStream {
             self.finished = true;
             return Some(Err(e));
         }
-        if self.next_emit == self.next_submit {
+        let Some(result) = self.built.next_blocking(None) else {
             self.finished = true;
             return None;
+        };
+        // A job that panicked arrives as an internal error in its place.
+        let result = result.and_then(|built| built);
+        let (rows, bytes) = self.in_flight.pop_front().unwrap_or((0, 0));
+        self.in_flight_rows -= rows;
+        self.in_flight_bytes -= bytes;
+        if result.is_err() {
+            self.finished = true;
+            self.cancelled.store(true, Ordering::Relaxed);
+            return Some(result);
         }
-        loop {
-            if let Some(result) = self.pending.remove(&self.next_emit) {
-                self.next_emit += 1;
-                let (rows, bytes) = self.in_flight.pop_front().unwrap_or((0, 0));
-                self.in_flight_rows -= rows;
-                self.in_flight_bytes -= bytes;
-                if result.is_err() {
-                    self.finished = true;
-                    self.cancelled.store(true, Ordering::Relaxed);
-                    return Some(result);
-                }
-                if let Err(e) = self.fill() {
-                    self.finished = true;
-                    return Some(Err(e));
-                }
-                if let (Some(counters), Ok(batch)) = (&self.counters, &result) {
-                    counters
-                        .rows
-                        .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
-                    counters
-                        .bytes
-                        .fetch_add(batch.get_array_memory_size() as u64, Ordering::Relaxed);
-                }
-                return Some(result);
-            }
-            match self.receiver.recv() {
-                Ok((seq, result)) => {
-                    self.pending.insert(seq, result);
-                }
-                Err(_) => {
-                    self.finished = true;
-                    return Some(Err(Error::internal("the worker threads stopped")));
-                }
-            }
+        if let Err(e) = self.fill() {
+            self.finished = true;
+            return Some(Err(e));
         }
+        if let (Some(counters), Ok(batch)) = (&self.counters, &result) {
+            counters
+                .rows
+                .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+            counters
+                .bytes
+                .fetch_add(batch.get_array_memory_size() as u64, Ordering::Relaxed);
+        }
+        Some(result)
     }
 
     /// Plan and submit batches while the prefetch budget allows.
@@ -210,21 +186,18 @@ impl EpochStream {
                 bytes += len;
                 self.planned += 1;
             }
-            let seq = self.next_submit;
-            self.next_submit += 1;
             self.in_flight.push_back((rows.len(), bytes));
             self.in_flight_rows += rows.len();
             self.in_flight_bytes += bytes;
             let ctx = self.ctx.clone();
-            let sender = self.sender.clone();
+            let ticket = self.built.ticket();
             let cancelled = self.cancelled.clone();
+            // A panic in `build` drops the ticket, which reports the batch as lost.
             self.pool.submit(Box::new(move || {
                 if cancelled.load(Ordering::Relaxed) {
                     return;
                 }
-                let result = catch_unwind(AssertUnwindSafe(|| ctx.build(first, &rows)))
-                    .unwrap_or_else(|_| Err(Error::internal("a worker thread panicked")));
-                let _ = sender.send((seq, result));
+                ticket.send(ctx.build(first, &rows));
             }))?;
         }
         Ok(())

@@ -1,5 +1,6 @@
 //! `WorkerPool`: a fixed set of threads shared by every stream and writer of a
-//! runtime. Jobs are closures; results travel on the caller's own channels.
+//! runtime. Jobs are closures; results travel back on the caller's own channels
+//! (a `ReorderBuffer` when they must come back in order).
 //!
 //! Threads do not survive `fork` (PyTorch DataLoader workers fork). The pool
 //! records the process id that started its threads and, when used from another
