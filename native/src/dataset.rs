@@ -65,10 +65,6 @@ impl Dataset {
         Ok(self.cursor()?.epoch_len)
     }
 
-    pub fn position(&self) -> Result<u64> {
-        Ok(self.cursor()?.position)
-    }
-
     /// Swap in a validated population (built without holding the lock).
     pub fn activate(&self, population: Population) -> Result<()> {
         let mut cursor = self.cursor()?;

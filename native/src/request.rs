@@ -258,7 +258,6 @@ fn json_kind(value: &Value) -> &'static str {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -168,7 +168,6 @@ pub fn decode_into(codec: Codec, stored: &[u8], out: &mut [u8]) -> std::result::
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

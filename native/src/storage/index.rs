@@ -66,7 +66,6 @@ impl IndexEntry {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -120,7 +120,6 @@ fn canonical(value: &serde_json::Value) -> Result<Vec<u8>> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::storage::{Codec, MetaType};

@@ -232,7 +232,6 @@ fn progress_bar(name: &str, total: Option<u64>) -> ProgressBar {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::num::NonZeroUsize;
 

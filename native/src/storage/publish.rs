@@ -105,7 +105,6 @@ pub fn publish(partial: &Path, target: &Path) -> Result<()> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

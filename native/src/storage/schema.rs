@@ -238,7 +238,6 @@ impl ColumnBuilders {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -77,7 +77,6 @@ fn spawn_threads(size: usize) -> Result<Threads> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

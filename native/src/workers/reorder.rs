@@ -134,7 +134,6 @@ impl<T> ReorderBuffer<T> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::sync::Arc;
 
