@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::population::check_population_id;
-use crate::sampling::Partition;
+use crate::sampling::{Partition, StreamWindow};
 
 /// Largest command or ticket accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -141,6 +141,15 @@ impl StreamRequest {
             self.world_size,
             self.offset.unwrap_or(0),
         )
+    }
+
+    /// The positions this (pinned) request reads: its partition of the epoch.
+    pub fn window(&self) -> Result<StreamWindow> {
+        let epoch_len = self
+            .epoch_len
+            .ok_or_else(|| Error::internal("the request's epoch length is not pinned"))?;
+        self.partition()?
+            .of(&StreamWindow::epoch(self.epoch, epoch_len)?)
     }
 
     /// The ticket of rank `rank`.

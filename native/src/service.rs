@@ -16,7 +16,7 @@ use arrow_array::RecordBatch;
 use crate::error::{Error, Result};
 use crate::population::{canonical, ActivePopulation, Population, PopulationStore};
 use crate::request::StreamRequest;
-use crate::sampling::{StreamOrder, StreamWindow};
+use crate::sampling::StreamOrder;
 use crate::storage::CacheSet;
 use crate::stream::{BatchContext, EpochStream, StreamCounters, StreamOptions, WorkerPool};
 
@@ -150,12 +150,10 @@ impl DatasetService {
 
     fn context(&self, request: &StreamRequest) -> Result<BatchContext> {
         let request = self.pin(request)?;
-        let (Some(population), Some(epoch_len)) = (&request.population, request.epoch_len) else {
+        let Some(population) = &request.population else {
             return Err(Error::internal("a pinned request names no population"));
         };
-        let window = request
-            .partition()?
-            .of(&StreamWindow::epoch(request.epoch, epoch_len)?)?;
+        let window = request.window()?;
         let population = self.population(population.as_str())?;
         BatchContext::new(
             self.caches.clone(),
