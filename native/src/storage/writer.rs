@@ -318,8 +318,8 @@ mod tests {
         assert_eq!(options.prefetch_records.get(), 4);
         assert_eq!(options.max_shard_bytes.get(), 1000);
         for (prefetch, shard, message) in [
-            (0, 1000, "prefetch_size must be >= 1"),
-            (4, 0, "max_shard_bytes must be >= 1"),
+            (0, 1000, "prefetch_size must be >= 1, got 0"),
+            (4, 0, "max_shard_bytes must be >= 1, got 0"),
         ] {
             let err = WriterOptions::new(prefetch, shard, Compression::default()).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
