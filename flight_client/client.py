@@ -17,7 +17,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from dataset_rt._native import BASE_COLUMNS, StreamRequest, parse_ticket
+from dataset_rt.service import BASE_COLUMNS, StreamRequest, parse_ticket
 
 # Statuses after which another location (or the same one, later) can serve the
 # ticket. INVALID_ARGUMENT, NOT_FOUND and auth errors are final.
@@ -237,7 +237,7 @@ class DatasetClient:
         """Stream a ticket, resuming on another location after a failure.
 
         ``ticket`` is a `StreamRequest` with a rank (an endpoint's ticket, parsed
-        with ``dataset_rt._native.parse_ticket``) or the same keys as a dict.
+        with ``dataset_rt.service.parse_ticket``) or the same keys as a dict.
         """
         if isinstance(ticket, dict):
             ticket = StreamRequest(**{"rank": 0, **ticket})

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import dataset_rt as drt
-from dataset_rt import _native
+from dataset_rt import service as engine
 from flight_server.errors import ProtocolError
 
 
@@ -25,7 +25,7 @@ class DatasetSpec:
             raise ValueError(
                 f"--dataset {text!r} is malformed; expected NAME=CACHE_DIR[,CACHE_DIR...]"
             )
-        _native.validate_source_name(name)
+        engine.validate_source_name(name)
         return cls(name, paths)
 
 
@@ -47,7 +47,7 @@ class Catalog:
             raise ValueError(f"dataset names must be unique, got {names}")
         self.runtime = runtime
         self._services = {
-            spec.name: _native.DatasetService(
+            spec.name: engine.DatasetService(
                 runtime.native,
                 spec.name,
                 [str(p) for p in spec.caches],
@@ -60,7 +60,7 @@ class Catalog:
     def names(self) -> list[str]:
         return list(self._services)
 
-    def get(self, name: str) -> _native.DatasetService:
+    def get(self, name: str) -> engine.DatasetService:
         try:
             return self._services[name]
         except KeyError:
@@ -68,7 +68,7 @@ class Catalog:
                 f"unknown dataset {name!r}; this server serves {sorted(self._services)}"
             ) from None
 
-    def require(self, name: str | None) -> _native.DatasetService:
+    def require(self, name: str | None) -> engine.DatasetService:
         if name is None:
             raise ProtocolError("the key 'dataset' is required")
         return self.get(name)

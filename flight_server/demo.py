@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import dataset_rt as drt
-from dataset_rt import _native
+from dataset_rt import service as engine
 
 DEMO_NAME = "demo"
 DEMO_RECORDS = 2000
@@ -35,7 +35,7 @@ def ensure_demo_cache(runtime: drt.DatasetRuntime, data_dir: Path) -> Path:
     base = data_dir / "caches"
     path = base / DemoSource.name
     if path.exists():
-        _native.check_cache(str(path), False)  # refuse a damaged cache loudly
+        engine.check_cache(str(path), False)  # refuse a damaged cache loudly
         return path
     [result] = runtime.write_cache(DemoSource(), base)
     if isinstance(result, drt.CacheWriteError):

@@ -3,7 +3,7 @@
 Every parser rejects malformed JSON, unknown keys, missing keys and wrong types
 with a `ProtocolError` that names the key (the server answers INVALID_ARGUMENT).
 Stream commands and tickets are the engine's own type, parsed in Rust:
-``dataset_rt._native.StreamRequest`` and ``parse_ticket``.
+``dataset_rt.service.StreamRequest`` and ``parse_ticket``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from dataset_rt._native import MAX_MESSAGE_BYTES
+from dataset_rt.service import MAX_MESSAGE_BYTES
 from flight_server.errors import ProtocolError
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from dataset_rt import _native
+from dataset_rt import service as engine
 from flight_server.auth import BearerAuthFactory, TokenFile, require_admin
 from flight_server.catalog import Catalog
 from flight_server.errors import ProtocolError, to_flight_error
@@ -95,7 +95,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             if len(descriptor.path) != 1:
                 raise ProtocolError("a path descriptor names one dataset: [NAME]")
             return self._dataset_info(descriptor.path[0].decode())
-        request = _native.StreamRequest.from_command(descriptor.command)
+        request = engine.StreamRequest.from_command(descriptor.command)
         service = self.catalog.get(request.dataset)
         pinned = service.pin(request)
         endpoints = [
@@ -109,7 +109,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     def _dataset_info(self, name: str) -> flight.FlightInfo:
         service = self.catalog.get(name)
         active = service.active()
-        request = service.pin(_native.StreamRequest(dataset=name, seed=0, epoch=0))
+        request = service.pin(engine.StreamRequest(dataset=name, seed=0, epoch=0))
         metadata_ticket = json.dumps({"dataset": name, "metadata": True}).encode()
         return flight.FlightInfo(
             _schema(service, request),
@@ -123,8 +123,8 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
 
     @_flight_errors
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
-        parsed = _native.parse_ticket(ticket.ticket)
-        if isinstance(parsed, _native.MetadataRequest):
+        parsed = engine.parse_ticket(ticket.ticket)
+        if isinstance(parsed, engine.MetadataRequest):
             service = self.catalog.get(parsed.dataset)
             return flight.RecordBatchStream(pa.table(service.metadata(parsed.population)))
         stream = self.catalog.get(parsed.dataset).stream(
@@ -204,13 +204,13 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         return [json.dumps(answer).encode()]
 
 
-def _schema(service: _native.DatasetService, request: _native.StreamRequest) -> pa.Schema:
+def _schema(service: engine.DatasetService, request: engine.StreamRequest) -> pa.Schema:
     """The stream's schema, checking on the way that the request can be served."""
     return pa.table(service.schema(request)).schema
 
 
 def _mid_stream_errors(
-    reader: pa.RecordBatchReader, stream: _native.BatchStream
+    reader: pa.RecordBatchReader, stream: engine.BatchStream
 ) -> Iterator[pa.RecordBatch]:
     """The reader's batches. A failure met while streaming (a corrupt record, a
     failed worker) gets the status of its error class: INTERNAL for damage and
