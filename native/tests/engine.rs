@@ -211,10 +211,10 @@ fn ranks_cover_an_epoch_and_prefetch_never_changes_the_stream() {
         StreamOptions::default(),
     );
     let tiny = StreamOptions {
-        batch_rows: 3,
-        max_batch_bytes: 16,
-        prefetch_rows: 1,
-        max_in_flight_bytes: 1,
+        batch_rows: NonZeroUsize::new(3).unwrap(),
+        max_batch_bytes: NonZeroU64::new(16).unwrap(),
+        prefetch_rows: NonZeroUsize::MIN,
+        max_in_flight_bytes: NonZeroU64::MIN,
     };
     assert_eq!(full, read_ids(&set, &population, order, epoch, &pool, tiny));
     let mut merged: Vec<(u64, u64, u64)> = (0..4)
@@ -237,7 +237,7 @@ proptest! {
         let population = Arc::new(Population::full(&set).unwrap());
         let order = StreamOrder::new(shuffle, seed);
         let pool = Arc::new(WorkerPool::new(NonZeroUsize::new(2).unwrap()).unwrap());
-        let opts = StreamOptions { batch_rows: 7, ..StreamOptions::default() };
+        let opts = StreamOptions { batch_rows: NonZeroUsize::new(7).unwrap(), ..StreamOptions::default() };
         let whole = read_ids(&set, &population, order, StreamWindow::new(start, n + m, 1).unwrap(), &pool, opts);
         let mut parts = read_ids(&set, &population, order, StreamWindow::new(start, n, 1).unwrap(), &pool, opts);
         parts.extend(read_ids(&set, &population, order, StreamWindow::new(start + n, m, 1).unwrap(), &pool, opts));

@@ -63,9 +63,9 @@ pub fn positive_usize(name: &str, value: &Bound<'_, PyAny>) -> PyResult<NonZeroU
 pub fn positive_usize_or(
     name: &str,
     value: Option<&Bound<'_, PyAny>>,
-    default: usize,
-) -> PyResult<usize> {
-    value.map_or(Ok(default), |v| positive_usize(name, v).map(|n| n.get()))
+    default: NonZeroUsize,
+) -> PyResult<NonZeroUsize> {
+    value.map_or(Ok(default), |v| positive_usize(name, v))
 }
 
 /// A seed: any int that fits in 64 bits, signed or not; a negative seed is

@@ -2,6 +2,8 @@
 //! builds its options object here when it is constructed, so a bad value fails
 //! where it is written, and every rule lives in Rust (`args.rs`).
 
+use std::num::NonZeroUsize;
+
 use pyo3::prelude::*;
 
 use super::args::{boolean, integer, positive_usize, seed, unsigned};
@@ -26,7 +28,7 @@ fn field_of<T>(prefix: &str, result: Result<T>) -> PyResult<T> {
 pub struct ReaderOptions {
     /// The stream's seed as the unsigned 64-bit value the sampler uses.
     pub seed: u64,
-    pub prefetch_size: usize,
+    pub prefetch_size: NonZeroUsize,
     pub shuffle: bool,
     pub validate_cache: bool,
 }
@@ -43,7 +45,7 @@ impl ReaderOptions {
     ) -> PyResult<Self> {
         Ok(ReaderOptions {
             seed: self::seed("ReaderConfig.seed", seed)?,
-            prefetch_size: positive_usize("ReaderConfig.prefetch_size", prefetch_size)?.get(),
+            prefetch_size: positive_usize("ReaderConfig.prefetch_size", prefetch_size)?,
             shuffle: boolean("ReaderConfig.shuffle", shuffle)?,
             validate_cache: boolean("ReaderConfig.validate_cache", validate_cache)?,
         })

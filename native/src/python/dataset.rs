@@ -1,5 +1,6 @@
 //! `Dataset`, `BatchStream` and `SampleIterator`: the in-process reading API.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -26,13 +27,13 @@ use crate::stream::{
 };
 
 /// Rows per batch behind the per-sample iterator.
-const SAMPLE_BATCH_ROWS: usize = 256;
+const SAMPLE_BATCH_ROWS: NonZeroUsize = NonZeroUsize::new(256).expect("256 is not zero");
 
 #[pyclass(frozen, module = "dataset_rt._native")]
 pub struct Dataset {
     inner: Arc<EngineDataset>,
     pool: Arc<WorkerPool>,
-    prefetch: usize,
+    prefetch: NonZeroUsize,
 }
 
 impl Dataset {
@@ -41,7 +42,7 @@ impl Dataset {
         population: Arc<Population>,
         window: StreamWindow,
         columns: Option<Vec<String>>,
-        batch_rows: usize,
+        batch_rows: NonZeroUsize,
     ) -> crate::error::Result<EpochStream> {
         let stored: Vec<String> = self
             .inner
@@ -166,7 +167,11 @@ impl Dataset {
         columns: Option<Vec<String>>,
         batch_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BatchStream> {
-        let batch_rows = positive_usize_or("batch_size", batch_size, 1024)?;
+        let batch_rows = positive_usize_or(
+            "batch_size",
+            batch_size,
+            StreamOptions::default().batch_rows,
+        )?;
         let stream = self
             .inner
             .next_epoch_with(|epoch| {
@@ -186,7 +191,11 @@ impl Dataset {
         columns: Option<Vec<String>>,
         batch_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BatchStream> {
-        let batch_rows = positive_usize_or("batch_size", batch_size, 1024)?;
+        let batch_rows = positive_usize_or(
+            "batch_size",
+            batch_size,
+            StreamOptions::default().batch_rows,
+        )?;
         let window = window(start, count, stride)?;
         let population = self.inner.population().py()?;
         let stream = self

@@ -1,5 +1,6 @@
 //! `DatasetService` for the Flight server: populations by id, streams by request.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -22,6 +23,9 @@ pub struct DatasetService {
     inner: Arc<Engine>,
     pool: Arc<WorkerPool>,
 }
+
+/// Rows a served stream decodes ahead of the client, unless the server says otherwise.
+const SERVER_PREFETCH_ROWS: NonZeroUsize = NonZeroUsize::new(256).expect("256 is not zero");
 
 /// The active population of a served dataset.
 #[pyclass(frozen, get_all, module = "dataset_rt._native")]
@@ -145,8 +149,12 @@ impl DatasetService {
         prefetch_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BatchStream> {
         let options = StreamOptions {
-            batch_rows: positive_usize_or("batch_size", batch_size, 1024)?,
-            prefetch_rows: positive_usize_or("prefetch_size", prefetch_size, 256)?,
+            batch_rows: positive_usize_or(
+                "batch_size",
+                batch_size,
+                StreamOptions::default().batch_rows,
+            )?,
+            prefetch_rows: positive_usize_or("prefetch_size", prefetch_size, SERVER_PREFETCH_ROWS)?,
             ..StreamOptions::default()
         };
         let stream = py

@@ -12,6 +12,7 @@ mod batch;
 mod draws;
 
 use std::collections::VecDeque;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -22,46 +23,46 @@ pub use crate::workers::WorkerPool;
 pub use batch::{BaseColumn, BatchContext, BASE_COLUMNS};
 pub use draws::draw_rows;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::workers::ReorderBuffer;
 
 #[derive(Debug, Clone, Copy)]
 pub struct StreamOptions {
     /// Most rows in one batch.
-    pub batch_rows: usize,
+    pub batch_rows: NonZeroUsize,
     /// A batch closes before it would pass this many payload bytes (a single
     /// larger record still gets a batch of its own).
-    pub max_batch_bytes: u64,
+    pub max_batch_bytes: NonZeroU64,
     /// Rows decoded ahead of the consumer.
-    pub prefetch_rows: usize,
+    pub prefetch_rows: NonZeroUsize,
     /// Payload bytes in flight, whatever the row budget says (at least one
     /// batch is always in flight).
-    pub max_in_flight_bytes: u64,
+    pub max_in_flight_bytes: NonZeroU64,
 }
 
 impl Default for StreamOptions {
     fn default() -> Self {
         StreamOptions {
-            batch_rows: 1024,
-            max_batch_bytes: 4 << 20,
-            prefetch_rows: 64,
-            max_in_flight_bytes: 64 << 20,
+            batch_rows: nonzero(1024),
+            max_batch_bytes: nonzero64(4 << 20),
+            prefetch_rows: nonzero(64),
+            max_in_flight_bytes: nonzero64(64 << 20),
         }
     }
 }
 
-impl StreamOptions {
-    pub fn validate(&self) -> Result<()> {
-        if self.batch_rows == 0
-            || self.max_batch_bytes == 0
-            || self.prefetch_rows == 0
-            || self.max_in_flight_bytes == 0
-        {
-            return Err(Error::invalid(
-                "batch_size, max_batch_bytes and prefetch_size must all be >= 1",
-            ));
-        }
-        Ok(())
+/// A non-zero constant (`None` cannot happen for the literals used here).
+const fn nonzero(n: usize) -> NonZeroUsize {
+    match NonZeroUsize::new(n) {
+        Some(n) => n,
+        None => NonZeroUsize::MIN,
+    }
+}
+
+const fn nonzero64(n: u64) -> NonZeroU64 {
+    match NonZeroU64::new(n) {
+        Some(n) => n,
+        None => NonZeroU64::MIN,
     }
 }
 
@@ -91,7 +92,6 @@ pub struct EpochStream {
 
 impl EpochStream {
     pub fn new(ctx: BatchContext, pool: Arc<WorkerPool>, options: StreamOptions) -> Result<Self> {
-        options.validate()?;
         Ok(EpochStream {
             ctx: Arc::new(ctx),
             pool,
@@ -169,17 +169,17 @@ impl EpochStream {
         let min_batches = self.pool.size();
         while self.planned < count
             && (self.in_flight.is_empty()
-                || ((self.in_flight_rows < self.options.prefetch_rows
+                || ((self.in_flight_rows < self.options.prefetch_rows.get()
                     || self.in_flight.len() < min_batches)
-                    && self.in_flight_bytes < self.options.max_in_flight_bytes))
+                    && self.in_flight_bytes < self.options.max_in_flight_bytes.get()))
         {
             let first = self.planned;
             let mut rows: Vec<u32> = Vec::new();
             let mut bytes = 0u64;
-            while rows.len() < self.options.batch_rows && self.planned < count {
+            while rows.len() < self.options.batch_rows.get() && self.planned < count {
                 let row = self.ctx.row_at(self.planned);
                 let len = self.ctx.payload_len(row);
-                if !rows.is_empty() && bytes + len > self.options.max_batch_bytes {
+                if !rows.is_empty() && bytes + len > self.options.max_batch_bytes.get() {
                     break;
                 }
                 rows.push(row as u32);
