@@ -240,8 +240,14 @@ fn decode(raw: &[u8], what: &str) -> Result<Value> {
 fn deserialize<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T> {
     serde_path_to_error::deserialize(value).map_err(|error| {
         let path = error.path().to_string();
-        // serde quotes names with backticks; the protocol's messages use 'key'.
-        let inner = error.inner().to_string().replace('`', "'");
+        // serde quotes names with backticks and names Rust types; the protocol's
+        // messages use 'key' and say what JSON value would be valid.
+        let inner = error
+            .inner()
+            .to_string()
+            .replace('`', "'")
+            .replace("a nonzero u64", "an integer >= 1 (below 2**64)")
+            .replace("expected u64", "expected an integer >= 0 (below 2**64)");
         match path.split_once('[') {
             _ if path == "." => Error::invalid(format!("{inner} in the {what}")),
             Some((key, item)) => Error::invalid(format!(
