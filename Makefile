@@ -1,6 +1,6 @@
 # One command runner for developers, the pre-commit hook (.pre-commit-config.yaml)
 # and CI (.ci/run): each check is written here once.
-.PHONY: develop sync test test-rust test-python e2e lint lint-rust lint-python stubtest \
+.PHONY: develop sync sync-torch test test-rust test-python e2e lint lint-rust lint-python stubtest \
         probe ci fmt bench demo serve
 
 # Rebuild the extension in place (incremental release build) for a fast loop.
@@ -13,6 +13,11 @@ develop:
 # The locked Python environment with the extension built (what `uv run` does on first use).
 sync:
 	uv sync --locked
+
+# The same plus PyTorch and torchdata (about 4 GB), for the training suites;
+# `uv run` keeps them installed afterwards.
+sync-torch:
+	uv sync --locked --group torch
 
 test: test-rust test-python
 
@@ -49,7 +54,7 @@ probe:
 	cargo build --release -p flight_probe
 
 # Everything CI runs but the container suite, in CI's order.
-ci: lint-rust test-rust sync lint-python probe test-python
+ci: lint-rust test-rust sync-torch lint-python probe test-python
 
 fmt:
 	cargo fmt --all

@@ -103,15 +103,62 @@ class CachedDataset:
         """
         return self._engine.samples()
 
-    def iter_samples(self, *, rank: int = 0, world_size: int = 1) -> Iterator[CachedSample]:
+    def iter_samples(
+        self,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        start: int = 0,
+        stop: int | None = None,
+        block: int = 1,
+        offset: int = 0,
+    ) -> Iterator[CachedSample]:
         """Take the next epoch like ``iter(self)``, and yield rank ``rank``'s share.
 
-        Rank ``r`` of ``world_size`` reads positions ``r, r + world_size, ...`` of
-        the epoch; every rank gets the same number of samples (the remainder of
-        the epoch goes to no rank). The torch adapter gives each DataLoader worker
-        a rank this way.
+        The partition rule is a Flight ticket's (docs/sampling.md): the
+        epoch-relative range ``[start, stop)`` is cut into blocks of ``block``
+        consecutive positions, rank ``r`` of ``world_size`` takes blocks ``r,
+        r + world_size, ...`` (every rank the same number; the remainder goes to
+        no rank), and ``offset`` skips the rank's first samples. With the
+        defaults, rank ``r`` reads positions ``r, r + world_size, ...``.
         """
-        return self._engine.samples(rank, world_size)
+        return self._engine.samples(
+            rank=rank, world_size=world_size, start=start, stop=stop, block=block, offset=offset
+        )
+
+    def epoch(
+        self,
+        epoch: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        start: int = 0,
+        stop: int | None = None,
+        block: int = 1,
+        offset: int = 0,
+        columns: Sequence[str] | None = None,
+        batch_size: int = 1024,
+    ) -> pa.RecordBatchReader:
+        """Rank ``rank``'s partition of epoch ``epoch`` as Arrow record batches.
+
+        Epoch ``e`` is positions ``[e * L, (e + 1) * L)`` of the stream for the
+        active population and the current epoch length ``L``, partitioned by the
+        rule of `iter_samples` (and of a Flight ticket: the same keys give the
+        same samples as a server for the same caches, population and seed).
+        Does not move the dataset's own position.
+        """
+        native = self._engine.epoch(
+            epoch,
+            None if columns is None else list(columns),
+            rank=rank,
+            world_size=world_size,
+            start=start,
+            stop=stop,
+            block=block,
+            offset=offset,
+            batch_size=batch_size,
+        )
+        return batch_reader(native)
 
     def iter_batches(
         self, columns: Sequence[str] | None = None, *, batch_size: int = 1024

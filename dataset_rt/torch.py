@@ -1,31 +1,393 @@
-"""PyTorch adapter: a `CachedDataset` as a ``torch.utils.data.IterableDataset``."""
+"""PyTorch adapters: a training loader with exact checkpoint and resume, and a
+``CachedDataset`` as an ``IterableDataset``.
+
+`DatasetLoader` reads one rank's partition of an epoch as batches of
+``batch_size`` samples (the partition rule with ``block = batch_size``), through
+a ``torch.utils.data.DataLoader`` whose worker ``k`` of rank ``r`` reads the
+partition ``rank = k * world_size + r`` of ``world_size * num_workers``. The
+DataLoader hands out its workers' batches round-robin, so rank ``r``'s ``q``-th
+batch is block ``r + q * world_size`` whatever the worker count, and after every
+rank took ``m`` batches the consumed positions are a prefix of the epoch.
+``state_dict()`` is that prefix (and the population segments); it resumes at any
+world size and any worker count. See docs/training.md.
+
+Workers are started with the ``forkserver`` method (``spawn`` where that is
+missing), never ``fork``: a process that has used a gRPC client (any training
+script that talked to a Flight server first) cannot fork safely.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
-from typing import Protocol
+import dataclasses
+import multiprocessing
+from collections.abc import Callable, Iterator, Mapping, Sized
+from typing import Any, Protocol
 
 try:
-    from torch.utils.data import IterableDataset, get_worker_info  # type: ignore[import-not-found, unused-ignore]
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 except ImportError as error:  # pragma: no cover - exercised when torch is absent
     raise ImportError(
-        "to_torch_iterable_dataset() needs PyTorch; install it with "
-        "`pip install torch` (or the project's `torch` extra)"
+        "dataset_rt.torch needs PyTorch; install it with `pip install torch` "
+        "(or the project's `torch` dependency group)"
     ) from error
 
+import pyarrow as pa
+
+from dataset_rt.errors import InternalError, InvalidArgumentError
+from dataset_rt.loader import LoaderState, Segment, StreamSource, blocks
 from dataset_rt.records import CachedSample
+from dataset_rt.service import StreamRequest
+
+#: A collated batch as the loader yields it, with the position of its first sample.
+Tagged = tuple[int, Any]
+
+
+class DatasetLoader:
+    """Batches of one rank's share of each epoch, with exact checkpoint and resume.
+
+    ``source`` is a `dataset_rt.loader.LocalSource` (in-process) or a
+    ``flight_client.FlightSource`` (a server). ``rank`` and ``world_size``
+    default to ``torch.distributed``'s when it is initialised (else 0 and 1).
+    The population and epoch length default to the dataset's active ones when
+    the loader is created; they are then fixed in the loader's state.
+
+    A batch is, by default, a dict: ``payload`` (list of bytes), ``position``,
+    ``cache_id``, ``sample_id`` (uint64 tensors: cache ids use all 64 bits) and
+    each requested column (a tensor for numbers and booleans, else a list). With ``transform``, each
+    sample (a dict of the same keys holding one value) is transformed in the
+    worker and the results are collated by ``collate_fn`` (default:
+    ``torch.utils.data.default_collate``); ``collate_fn`` alone receives the list
+    of sample dicts. With workers, both must be picklable (module-level).
+    """
+
+    def __init__(
+        self,
+        source: StreamSource,
+        dataset: str,
+        *,
+        batch_size: int,
+        seed: int,
+        epoch: int = 0,
+        epoch_len: int | None = None,
+        population: str | None = None,
+        columns: tuple[str, ...] | list[str] = (),
+        shuffle: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        num_workers: int = 0,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        prefetch_factor: int | None = None,
+        pin_memory: bool = False,
+        multiprocessing_context: str | None = None,
+    ) -> None:
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("num_workers", num_workers, 0),
+            ("epoch", epoch, 0),
+            ("seed", seed, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidArgumentError(f"{name!r} must be an integer >= {low}, got {value!r}")
+        if multiprocessing_context == "fork":
+            raise InvalidArgumentError(
+                "multiprocessing_context='fork' is refused: a forked worker of a process that "
+                "used gRPC (a Flight client) hangs; use 'forkserver' or 'spawn' (the default)"
+            )
+        self.source = source
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.transform = transform
+        self.collate_fn = collate_fn
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.multiprocessing_context = multiprocessing_context or _default_start_method()
+        distributed = dist.is_available() and dist.is_initialized()
+        self.world_size = world_size or (dist.get_world_size() if distributed else 1)
+        self.rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
+        if not 0 <= self.rank < self.world_size:
+            raise InvalidArgumentError(
+                f"'rank' must be in [0, world_size={self.world_size}), got {self.rank}"
+            )
+        pinned = source.resolve(
+            StreamRequest(
+                dataset=dataset,
+                seed=seed,
+                epoch=epoch,
+                epoch_len=epoch_len,
+                population=population,
+                columns=list(columns),
+                shuffle=shuffle,
+            )
+        )
+        if pinned.population is None or pinned.epoch_len is None:
+            raise InternalError(f"the source did not pin the request: {pinned!r}")
+        self._state = LoaderState(
+            dataset=dataset,
+            seed=seed,
+            shuffle=shuffle,
+            columns=list(columns),
+            epoch_len=pinned.epoch_len,
+            batch_size=batch_size,
+            world_size=self.world_size,
+            epoch=epoch,
+            segments=[Segment(0, pinned.population)],
+        )
+
+    # -- the state -------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    @property
+    def position(self) -> int:
+        """Epoch-relative: every position before it has been consumed."""
+        return self._state.position
+
+    @property
+    def segments(self) -> list[Segment]:
+        return list(self._state.segments)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run is, as plain JSON-serialisable data.
+
+        It assumes every rank has taken as many batches as this one (as in
+        lockstep data-parallel training), so any one rank's state describes the
+        run; save it from rank 0.
+        """
+        return self._state.to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state (at any world size, worker count or batch size).
+
+        The loader's own dataset must be the state's; its seed, epoch length,
+        columns, shuffle and population segments become the state's.
+        """
+        loaded = LoaderState.from_dict(state)
+        if loaded.dataset != self._state.dataset:
+            raise InvalidArgumentError(
+                f"the state is of dataset {loaded.dataset!r}; this loader reads "
+                f"{self._state.dataset!r}"
+            )
+        loaded.batch_size, loaded.world_size = self.batch_size, self.world_size
+        self._state = loaded
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next, from its start. Calling it with the epoch the
+        state is already in keeps the position, so the usual resume loop
+        (``load_state_dict``, then ``set_epoch(e)`` for ``e`` from the saved epoch)
+        continues where the run stopped."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise InvalidArgumentError(f"'epoch' must be an integer >= 0, got {epoch!r}")
+        if epoch != self._state.epoch:
+            self._state.epoch, self._state.position, self._state.steps = epoch, 0, 0
+
+    # -- reweighting ---------------------------------------------------------------
+
+    def switch_population(self, population: str, *, at: int | None = None) -> int:
+        """Draw from ``population`` (an id from ``put``/``do_put``) from a global
+        batch boundary on; returns that absolute stream position.
+
+        Without ``at``, the boundary is the next one that no rank has passed:
+        the furthest position any rank has consumed, agreed through
+        ``torch.distributed`` when it is initialised (then every rank must call
+        this, as with any collective). ``at`` names it explicitly (a controller's
+        choice): it must not be behind this rank and must lie on this run's batch
+        grid. Positions before it keep their population; a state saved later
+        records the switch.
+        """
+        consumed = self._state.epoch_start + self._state.position
+        if at is None:
+            at = consumed
+            if dist.is_available() and dist.is_initialized():
+                furthest = torch.tensor([consumed], dtype=torch.int64)
+                dist.all_reduce(furthest, op=dist.ReduceOp.MAX)
+                at = int(furthest.item())
+        self._check_boundary(at, consumed)
+        self._state.switch(at, population)
+        return at
+
+    def _check_boundary(self, at: int, consumed: int) -> None:
+        if isinstance(at, bool) or not isinstance(at, int) or at < consumed:
+            raise InvalidArgumentError(
+                f"'at' must be an absolute position >= {consumed} (what this rank has "
+                f"consumed), got {at!r}"
+            )
+        step = self.world_size * self.batch_size
+        epoch_len = self._state.epoch_len
+        epoch, offset = divmod(at, epoch_len)
+        # In the current epoch the grid starts at the part being read; a later
+        # epoch's grid starts at that epoch's first position.
+        origin = consumed - self._state.epoch_start if epoch == self._state.epoch else 0
+        if epoch >= self._state.epoch and (offset - origin) % step:
+            raise InvalidArgumentError(
+                f"'at' = {at} is not a batch boundary of this run: boundaries of epoch "
+                f"{epoch} are {epoch * epoch_len + origin} + k * {step} "
+                f"(world_size x batch_size)"
+            )
+
+    # -- iteration -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches this rank still takes in the current epoch."""
+        workers = max(1, self.num_workers)
+        lanes = self.world_size * workers
+        return sum(
+            (stop - start) // self.batch_size // lanes * workers
+            for start, stop, _ in self._state.parts()
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        """The rest of the current epoch for this rank; the state moves with
+        every batch taken. When the epoch is done, ``position`` is the epoch
+        length (the tail the partition rule drops is dropped)."""
+        while True:
+            parts = self._state.parts()
+            if not parts:
+                return
+            plan = list(self._state.segments)
+            batches = self._data_loader(parts)
+            for first_position, batch in batches:
+                self._advance(first_position, parts)
+                yield batch
+                if self._state.segments != plan:
+                    # A switch was recorded: stop these workers (their prefetched
+                    # batches may be past it) and read on with the new segments.
+                    break
+            else:
+                self._state.position = self._state.epoch_len
+                return
+            del batches
+
+    def _advance(self, first_position: int, parts: list[tuple[int, int, str]]) -> None:
+        """Move the state past the batch that starts at ``first_position``."""
+        relative = first_position - self._state.epoch_start
+        start = max(p[0] for p in parts if p[0] <= relative)
+        block_index = (relative - start) // self.batch_size
+        step = self.world_size * self.batch_size
+        self._state.position = start + (block_index // self.world_size + 1) * step
+        self._state.steps += 1
+
+    def _data_loader(self, parts: list[tuple[int, int, str]]) -> Iterator[Tagged]:
+        reader = RankReader(
+            self.source,
+            dataclasses.replace(self._state),
+            parts,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            transform=self.transform,
+            collate_fn=self.collate_fn,
+        )
+        options: dict[str, Any] = {}
+        if self.num_workers:
+            options["multiprocessing_context"] = _worker_context(self.multiprocessing_context)
+            if self.prefetch_factor is not None:
+                options["prefetch_factor"] = self.prefetch_factor
+        loader = DataLoader(
+            reader,
+            batch_size=None,
+            num_workers=self.num_workers,
+            collate_fn=_as_is,  # type: ignore[arg-type, unused-ignore]
+            pin_memory=self.pin_memory,
+            in_order=True,  # the round-robin order the partition rule relies on
+            **options,
+        )
+        return iter(loader)
+
+
+class RankReader(IterableDataset[Tagged]):  # type: ignore[misc, unused-ignore]
+    """The worker side: one DataLoader worker's partition of each part, cut into
+    blocks and collated. Yields ``(first_position, batch)``."""
+
+    def __init__(
+        self,
+        source: StreamSource,
+        state: LoaderState,
+        parts: list[tuple[int, int, str]],
+        *,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        transform: Callable[[dict[str, Any]], Any] | None,
+        collate_fn: Callable[[list[Any]], Any] | None,
+    ) -> None:
+        self.source = source
+        self.state = state
+        self.parts = parts
+        self.rank = rank
+        self.world_size = world_size
+        self.batch_size = batch_size
+        self.transform = transform
+        self.collate_fn = collate_fn
+
+    def __iter__(self) -> Iterator[Tagged]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for part in self.parts:
+            request = self.state.request(
+                part,
+                rank=worker * self.world_size + self.rank,
+                world_size=workers * self.world_size,
+                block=self.batch_size,
+            )
+            for batch in blocks(self.source.open(request), self.batch_size):
+                yield int(batch.column("position")[0].as_py()), self._collate(batch)
+
+    def _collate(self, batch: pa.RecordBatch) -> Any:
+        if self.transform is None and self.collate_fn is None:
+            return {name: _column(batch.column(name)) for name in batch.schema.names}
+        samples = batch.to_pylist()
+        if self.transform is not None:
+            samples = [self.transform(sample) for sample in samples]
+        collate = self.collate_fn or torch.utils.data.default_collate
+        return collate(samples)
+
+
+def _column(array: pa.Array) -> Any:
+    """A column as users expect it: numbers and booleans as a tensor, else a list."""
+    kind = array.type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        return torch.from_numpy(array.to_numpy(zero_copy_only=False).copy())
+    return array.to_pylist()
+
+
+def _as_is(batch: Tagged) -> Tagged:
+    return batch
+
+
+def _default_start_method() -> str:
+    methods = multiprocessing.get_all_start_methods()
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def _worker_context(method: str) -> Any:
+    """The multiprocessing context of the workers. A forkserver imports this
+    module (torch, pyarrow, the engine) before it forks, so starting workers
+    takes milliseconds instead of seconds (a loader starts them at every epoch
+    and population switch); it loads no gRPC client, so its children are safe."""
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload([__name__])
+    return context
+
+
+# -- CachedDataset as an IterableDataset ----------------------------------------------
 
 
 class EpochSource(Sized, Protocol):
-    """What the adapter reads: a `CachedDataset` (kept structural so this module
-    does not import the dataset module, which imports this one lazily)."""
+    """What `CachedIterableDataset` reads: a `CachedDataset` (kept structural so
+    this module does not import the dataset module, which imports this one lazily)."""
 
     def __iter__(self) -> Iterator[CachedSample]: ...
 
     def iter_samples(self, *, rank: int = 0, world_size: int = 1) -> Iterator[CachedSample]: ...
 
 
-class CachedIterableDataset(IterableDataset[CachedSample]):  # type: ignore[misc]
+class CachedIterableDataset(IterableDataset[CachedSample]):  # type: ignore[misc, unused-ignore]
     """Each ``iter()`` takes the dataset's next epoch; DataLoader workers split it.
 
     Worker ``w`` of ``n`` reads positions ``w, w + n, ...`` of the epoch, so the

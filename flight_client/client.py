@@ -162,21 +162,32 @@ class DatasetClient:
         epoch: int,
         *,
         world_size: int = 1,
+        start: int = 0,
+        stop: int | None = None,
+        block: int = 1,
         epoch_len: int | None = None,
         shuffle: bool = True,
         population: str | None = None,
         columns: Sequence[str] = (),
     ) -> flight.FlightInfo:
+        """The epoch's `FlightInfo`: one self-contained ticket per rank."""
         request = StreamRequest(
             dataset=dataset,
             seed=seed,
             epoch=epoch,
             shuffle=shuffle,
             world_size=world_size,
+            start=start,
+            stop=stop,
+            block=block,
             columns=list(columns),
             epoch_len=epoch_len,
             population=population,
         )
+        return self.flight_info(request)
+
+    def flight_info(self, request: StreamRequest) -> flight.FlightInfo:
+        """``get_flight_info`` of a `StreamRequest` (a command: no rank or offset)."""
         descriptor = flight.FlightDescriptor.for_command(request.to_json())
         return self._call("get_flight_info", descriptor)
 
@@ -188,6 +199,9 @@ class DatasetClient:
         *,
         rank: int = 0,
         world_size: int = 1,
+        start: int = 0,
+        stop: int | None = None,
+        block: int = 1,
         offset: int = 0,
         columns: Sequence[str] = (),
         batches: bool = False,
@@ -197,18 +211,32 @@ class DatasetClient:
     ) -> Iterator[Any]:
         """Rank ``rank``'s samples of ``epoch`` (record batches with ``batches=True``).
 
-        The population and epoch length are pinned when the iteration starts; a
-        stream broken by a lost server resumes on the next location from the
-        offset reached.
+        ``start``, ``stop``, ``block`` and ``offset`` partition the epoch as in
+        docs/flight-protocol.md. The population and epoch length are pinned when
+        the iteration starts; a stream broken by a lost server resumes on the
+        next location from the offset reached.
         """
         # The request's own rules (rank < world_size, ...) are checked here, in
         # the engine, before anything is sent.
-        StreamRequest(dataset=dataset, seed=seed, epoch=epoch, world_size=world_size, rank=rank)
+        StreamRequest(
+            dataset=dataset,
+            seed=seed,
+            epoch=epoch,
+            world_size=world_size,
+            rank=rank,
+            start=start,
+            stop=stop,
+            block=block,
+            offset=offset,
+        )
         info = self.epoch_info(
             dataset,
             seed,
             epoch,
             world_size=world_size,
+            start=start,
+            stop=stop,
+            block=block,
             epoch_len=epoch_len,
             shuffle=shuffle,
             population=population,

@@ -102,6 +102,10 @@ def window(dataset: drt.CachedDataset, start: int, count: int) -> list[tuple[int
     return [(c, s) for _, c, s in idents(dataset.stream(start=start, count=count, columns=[]))]
 
 
+def table_ids(table: pa.Table) -> list[tuple[int, int]]:
+    return list(zip(table["cache_id"].to_pylist(), table["sample_id"].to_pylist(), strict=True))
+
+
 def sample_ids(samples: Iterable[drt.CachedSample]) -> list[tuple[int, int]]:
     return [(s.cache_id, s.sample_id) for s in samples]
 
@@ -565,6 +569,47 @@ def test_a_rejected_stream_request_does_not_consume_an_epoch(
     list(control)
     with pytest.raises(drt.DatasetRTError, match=word):
         call(dataset).read_all()
+    assert sample_ids(dataset) == sample_ids(control)
+
+
+def test_epoch_partitions_equal_the_per_sample_iterator(
+    runtime: drt.DatasetRuntime, cache_a: Path
+) -> None:
+    """``epoch(e, ...)`` and the e-th ``iter_samples(...)`` take the same partition."""
+    dataset = open_dataset(runtime, cache_a)
+    keys = {"rank": 1, "world_size": 3, "start": 4, "stop": N - 2, "block": 3, "offset": 2}
+    by_epoch = [table_ids(dataset.epoch(e, **keys).read_all()) for e in range(3)]
+    by_iterator = [
+        [(s.cache_id, s.sample_id) for s in dataset.iter_samples(**keys)] for _ in range(3)
+    ]
+    assert by_epoch == by_iterator
+    blocks = (N - 2 - 4) // 3
+    assert len(by_epoch[0]) == blocks // 3 * 3 - 2
+    # Rank 1 takes blocks 1 and 4 of [4, 28); the offset skips two samples.
+    positions = dataset.epoch(1, **keys).read_all().column("position").to_pylist()
+    assert positions == [N + 4 + 3 + 2, N + 4 + 12, N + 4 + 13, N + 4 + 14]
+
+
+@pytest.mark.parametrize(
+    ("keys", "word"),
+    [
+        ({"start": N + 1}, "start"),
+        ({"start": 3, "stop": 2}, "stop=2"),
+        ({"block": 0}, "block"),
+        ({"rank": 2, "world_size": 2}, "rank"),
+        ({"offset": -1}, "offset"),
+    ],
+)
+def test_bad_partitions_raise_clear_errors(
+    runtime: drt.DatasetRuntime, cache_a: Path, keys: dict[str, int], word: str
+) -> None:
+    dataset = open_dataset(runtime, cache_a)
+    control = open_dataset(runtime, cache_a)
+    with pytest.raises(drt.DatasetRTError, match=word):
+        dataset.epoch(0, **keys)
+    with pytest.raises(drt.DatasetRTError, match=word):
+        dataset.iter_samples(**keys)
+    # The refused iterator consumed no epoch.
     assert sample_ids(dataset) == sample_ids(control)
 
 

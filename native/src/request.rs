@@ -37,6 +37,16 @@ pub struct StreamRequest {
     /// Ranks the epoch is split into, `1..=MAX_WORLD_SIZE` (see `Partition`).
     #[serde(default = "one")]
     pub world_size: u64,
+    /// Epoch-relative position where partitioning begins, `0..=stop`.
+    #[serde(default)]
+    pub start: u64,
+    /// Epoch-relative position where partitioning ends, `start..=epoch_len`
+    /// (default: the epoch length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<u64>,
+    /// The partition unit, in consecutive positions.
+    #[serde(default = "one_block")]
+    pub block: NonZeroU64,
     /// The population id to stream (default: the active one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub population: Option<PopulationId>,
@@ -57,6 +67,10 @@ fn yes() -> bool {
 
 fn one() -> u64 {
     1
+}
+
+fn one_block() -> NonZeroU64 {
+    NonZeroU64::MIN
 }
 
 /// A population id: 32 lowercase hex digits (a content hash).
@@ -131,16 +145,19 @@ impl StreamRequest {
                 }
             }
         }
-        self.partition().map(|_| ())
+        self.partition()?
+            .check_range(self.epoch_len.map(NonZeroU64::get))
     }
 
     /// This request's rank partition (rank 0 and offset 0 unless given).
     pub fn partition(&self) -> Result<Partition> {
-        Partition::new(
+        Ok(Partition::new(
             self.rank.unwrap_or(0),
             self.world_size,
             self.offset.unwrap_or(0),
-        )
+        )?
+        .range(self.start, self.stop)
+        .blocks(self.block))
     }
 
     /// The positions this (pinned) request reads: its partition of the epoch.
@@ -311,6 +328,25 @@ mod tests {
         assert!(error(r#"{"dataset":"t","metadata":true,"seed":1}"#).contains("'seed'"));
         assert!(error("[1]").contains("list"));
         assert!(error("\u{7f}").contains("JSON"));
+    }
+
+    #[test]
+    fn partition_keys() {
+        let raw = br#"{"dataset":"t","seed":1,"epoch":0,"start":4,"stop":10,"block":3}"#;
+        let request = StreamRequest::from_command(raw).unwrap();
+        assert_eq!(
+            (request.start, request.stop, request.block.get()),
+            (4, Some(10), 3)
+        );
+        assert!(error(r#"{"dataset":"t","seed":1,"epoch":0,"block":0}"#).contains("'block'"));
+        assert!(error(r#"{"dataset":"t","seed":1,"epoch":0,"start":-1}"#).contains("'start'"));
+        let late = error(r#"{"dataset":"t","seed":1,"epoch":0,"epoch_len":5,"start":6}"#);
+        assert!(
+            late.contains("start=6") && late.contains("epoch_len=5"),
+            "{late}"
+        );
+        let crossed = error(r#"{"dataset":"t","seed":1,"epoch":0,"start":6,"stop":5}"#);
+        assert!(crossed.contains("stop=5"), "{crossed}");
     }
 
     #[test]

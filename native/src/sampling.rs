@@ -247,15 +247,22 @@ impl StreamOrder {
 /// any work starts).
 pub const MAX_WORLD_SIZE: u64 = 1 << 32;
 
-/// One rank's share of a window: `rank` of `world_size` takes every
-/// `world_size`-th position starting at `rank`, then skips its first `offset`
-/// samples. Every rank takes the same number; the remainder goes to no rank.
+/// One rank's share of an epoch. The epoch-relative range `[start, stop)` is cut
+/// into `floor((stop - start) / block)` blocks of `block` consecutive positions;
+/// rank `r` of `w` takes blocks `r, r + w, r + 2w, ...`, `floor(blocks / w)` of
+/// them, so sample `i = j * block + t` of rank `r` is epoch position
+/// `start + (r + j * w) * block + t`. Every rank takes the same number; the
+/// remainder goes to no rank. `offset` then skips the rank's first samples.
+/// With `start = 0`, `stop = L` and `block = 1` this is every `w`-th position.
 /// The one implementation of the partition rule, for both faces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Partition {
     rank: u64,
     world_size: NonZeroU64,
     offset: u64,
+    start: u64,
+    stop: Option<u64>,
+    block: NonZeroU64,
 }
 
 impl Partition {
@@ -264,8 +271,12 @@ impl Partition {
         rank: 0,
         world_size: NonZeroU64::MIN,
         offset: 0,
+        start: 0,
+        stop: None,
+        block: NonZeroU64::MIN,
     };
 
+    /// Rank `rank` of `world_size`, every `world_size`-th position, from `offset`.
     pub fn new(rank: u64, world_size: u64, offset: u64) -> Result<Self> {
         let world = NonZeroU64::new(world_size)
             .filter(|w| w.get() <= MAX_WORLD_SIZE)
@@ -284,60 +295,154 @@ impl Partition {
             rank,
             world_size: world,
             offset,
+            ..Partition::WHOLE
         })
     }
 
-    /// The positions of `window` this partition reads.
-    pub fn of(&self, window: &StreamWindow) -> Result<StreamWindow> {
-        let (rank, world_size, offset) = (self.rank, self.world_size.get(), self.offset);
-        let per_rank = window.count / world_size;
-        let remaining = per_rank.saturating_sub(offset);
-        let stride = window
-            .stride
-            .checked_mul(world_size)
-            .ok_or_else(|| Error::invalid("stride * world_size overflows"))?;
-        let first = rank
-            .checked_add(offset.min(per_rank).saturating_mul(world_size))
-            .and_then(|i| i.checked_mul(window.stride))
-            .and_then(|d| d.checked_add(window.start))
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "the partition's first position overflows (rank {rank}, offset {offset})"
-                ))
-            })?;
-        StreamWindow::new(first, remaining, stride)
+    /// Partition only the epoch-relative range `[start, stop)` (`stop` defaults
+    /// to the epoch length; both are checked against it in `of`).
+    pub fn range(self, start: u64, stop: Option<u64>) -> Self {
+        Partition {
+            start,
+            stop,
+            ..self
+        }
+    }
+
+    /// Cut the range into blocks of `block` consecutive positions.
+    pub fn blocks(self, block: NonZeroU64) -> Self {
+        Partition { block, ..self }
+    }
+
+    /// Samples each rank receives of an epoch of `epoch_len` positions.
+    pub fn per_rank(&self, epoch_len: u64) -> Result<u64> {
+        let (start, stop) = self.bounds(epoch_len)?;
+        let blocks = (stop - start) / self.block.get();
+        Ok(blocks / self.world_size.get() * self.block.get())
+    }
+
+    /// `[start, stop)` checked against the epoch length.
+    fn bounds(&self, epoch_len: u64) -> Result<(u64, u64)> {
+        self.check_range(Some(epoch_len))?;
+        Ok((self.start, self.stop.unwrap_or(epoch_len)))
+    }
+
+    /// Check `0 <= start <= stop <= epoch_len`, as far as the values are known.
+    pub fn check_range(&self, epoch_len: Option<u64>) -> Result<()> {
+        let stop = self.stop.or(epoch_len);
+        let start_fits = stop.is_none_or(|stop| self.start <= stop);
+        let stop_fits = match (self.stop, epoch_len) {
+            (Some(stop), Some(len)) => stop <= len,
+            _ => true,
+        };
+        if start_fits && stop_fits {
+            return Ok(());
+        }
+        let show = |v: Option<u64>| v.map_or_else(|| "unset".to_string(), |v| v.to_string());
+        Err(Error::invalid(format!(
+            "'start' and 'stop' must satisfy 0 <= start <= stop <= epoch_len, \
+             got start={} stop={} epoch_len={}",
+            self.start,
+            show(self.stop),
+            show(epoch_len)
+        )))
+    }
+
+    /// The positions of the contiguous `epoch` window this partition reads.
+    pub fn of(&self, epoch: &StreamWindow) -> Result<StreamWindow> {
+        if !epoch.is_contiguous() {
+            return Err(Error::internal(format!(
+                "a partition divides a contiguous epoch, got {epoch:?}"
+            )));
+        }
+        let (start, _) = self.bounds(epoch.count)?;
+        let per_rank = self.per_rank(epoch.count)?;
+        let offset = self.offset.min(per_rank);
+        if per_rank == offset {
+            return Ok(StreamWindow::EMPTY);
+        }
+        // per_rank > 0, so w * block <= stop - start: the products below fit.
+        let (block, world) = (self.block.get(), self.world_size.get());
+        let stride = world * block;
+        let first_block = epoch.start + start + self.rank * block;
+        StreamWindow::blocked(first_block, per_rank, block, stride)?.skip(offset)
     }
 }
 
-/// A strided window of a stream: positions `start + i * stride` for `i < count`.
+/// A window of a stream: `count` positions taken as blocks of `block`
+/// consecutive positions whose starts are `stride` apart, beginning `skip`
+/// positions into the block at `start`. Position `i` is
+/// `start + ((skip + i) / block) * stride + (skip + i) % block`; with
+/// `block = 1` that is `start + i * stride`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamWindow {
     pub start: u64,
     pub count: u64,
-    pub stride: u64,
+    stride: u64,
+    block: u64,
+    skip: u64,
 }
 
 impl StreamWindow {
+    pub const EMPTY: StreamWindow = StreamWindow {
+        start: 0,
+        count: 0,
+        stride: 1,
+        block: 1,
+        skip: 0,
+    };
+
+    /// Positions `start + i * stride` for `i < count`.
     pub fn new(start: u64, count: u64, stride: u64) -> Result<Self> {
         if stride == 0 {
             return Err(Error::invalid("stride must be >= 1"));
         }
-        if count > 0 {
-            (count - 1)
-                .checked_mul(stride)
-                .and_then(|span| span.checked_add(start))
-                .ok_or_else(|| {
-                    Error::invalid(format!(
-                        "the window start={start} count={count} stride={stride} \
-                         runs past position 2**64 - 1"
-                    ))
-                })?;
-        }
-        Ok(StreamWindow {
+        StreamWindow::blocked(start, count, 1, stride)
+    }
+
+    /// `count` positions in blocks of `block`, block starts `stride` apart.
+    fn blocked(start: u64, count: u64, block: u64, stride: u64) -> Result<Self> {
+        let window = StreamWindow {
             start,
             count,
             stride,
-        })
+            block,
+            skip: 0,
+        };
+        window.check_last()?;
+        Ok(window)
+    }
+
+    /// The same positions without the first `n` (`n <= count`).
+    fn skip(self, n: u64) -> Result<Self> {
+        let skipped = self.skip + n;
+        let window = StreamWindow {
+            start: self.start + skipped / self.block * self.stride,
+            count: self.count - n,
+            skip: skipped % self.block,
+            ..self
+        };
+        window.check_last()?;
+        Ok(window)
+    }
+
+    /// Refuse a window whose last position would pass 2**64 - 1.
+    fn check_last(&self) -> Result<()> {
+        if self.count == 0 {
+            return Ok(());
+        }
+        let last = self.skip + self.count - 1;
+        (last / self.block)
+            .checked_mul(self.stride)
+            .and_then(|d| d.checked_add(last % self.block))
+            .and_then(|d| d.checked_add(self.start))
+            .map(|_| ())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "the window of {} positions from {} (stride {}) runs past position 2**64 - 1",
+                    self.count, self.start, self.stride
+                ))
+            })
     }
 
     /// Epoch `epoch` of length `epoch_len`: positions `[e * L, (e + 1) * L)`.
@@ -351,9 +456,69 @@ impl StreamWindow {
         StreamWindow::new(start, epoch_len.get(), 1)
     }
 
+    fn is_contiguous(&self) -> bool {
+        self.stride == self.block && self.skip == 0
+    }
+
+    /// Position `i` of the window (`i < count`).
     #[inline]
     pub fn position(&self, i: u64) -> u64 {
-        self.start + i * self.stride
+        let k = self.skip + i;
+        if self.block == 1 {
+            self.start + k * self.stride
+        } else {
+            self.start + k / self.block * self.stride + k % self.block
+        }
+    }
+
+    /// Positions `first .. first + n` of the window, one division in all.
+    pub fn positions(&self, first: u64, n: u64) -> Positions {
+        let k = self.skip + first;
+        Positions {
+            next: self.start + k / self.block * self.stride + k % self.block,
+            left_in_block: self.block - k % self.block,
+            remaining: n,
+            block: self.block,
+            jump: self.stride - self.block + 1,
+        }
+    }
+}
+
+/// The positions of a window range, walked block by block.
+#[derive(Debug, Clone)]
+pub struct Positions {
+    next: u64,
+    left_in_block: u64,
+    remaining: u64,
+    block: u64,
+    /// From a block's last position to the next block's first.
+    jump: u64,
+}
+
+impl Iterator for Positions {
+    type Item = u64;
+
+    #[inline]
+    fn next(&mut self) -> Option<u64> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let position = self.next;
+        self.remaining -= 1;
+        self.left_in_block -= 1;
+        if self.left_in_block == 0 {
+            self.left_in_block = self.block;
+            // Past the window's last position this may wrap; it is never read.
+            self.next = position.wrapping_add(self.jump);
+        } else {
+            self.next = position.wrapping_add(1);
+        }
+        Some(position)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = usize::try_from(self.remaining).unwrap_or(usize::MAX);
+        (n, Some(n))
     }
 }
 
@@ -411,7 +576,122 @@ mod tests {
         assert!(Partition::new(3, 3, 0).is_err());
     }
 
+    /// The partition rule as docs/sampling.md states it, position by position.
+    fn rule(
+        epoch: u64,
+        len: u64,
+        rank: u64,
+        w: u64,
+        start: u64,
+        stop: u64,
+        block: u64,
+    ) -> Vec<u64> {
+        let blocks = (stop - start) / block;
+        let per_rank = blocks / w * block;
+        (0..per_rank)
+            .map(|i| epoch * len + start + (rank + i / block * w) * block + i % block)
+            .collect()
+    }
+
+    fn read(p: Partition, epoch: u64, len: u64) -> Vec<u64> {
+        let window = p
+            .of(&StreamWindow::epoch(epoch, NonZeroU64::new(len).unwrap()).unwrap())
+            .unwrap();
+        let walked: Vec<u64> = window.positions(0, window.count).collect();
+        let indexed: Vec<u64> = (0..window.count).map(|i| window.position(i)).collect();
+        assert_eq!(walked, indexed);
+        walked
+    }
+
+    fn part(rank: u64, w: u64, offset: u64, start: u64, stop: u64, block: u64) -> Partition {
+        Partition::new(rank, w, offset)
+            .unwrap()
+            .range(start, Some(stop))
+            .blocks(NonZeroU64::new(block).unwrap())
+    }
+
+    #[test]
+    fn blocks_follow_the_rule() {
+        // L = 20, start = 3, block = 2, w = 3: 17 positions, 8 blocks, 2 per rank.
+        let ranks: Vec<Vec<u64>> = (0..3)
+            .map(|r| read(part(r, 3, 0, 3, 20, 2), 1, 20))
+            .collect();
+        assert_eq!(ranks[0], vec![23, 24, 29, 30]);
+        assert_eq!(ranks[1], vec![25, 26, 31, 32]);
+        assert_eq!(ranks[2], vec![27, 28, 33, 34]);
+        // An offset inside a block starts mid-block.
+        assert_eq!(read(part(1, 3, 1, 3, 20, 2), 1, 20), vec![26, 31, 32]);
+    }
+
+    #[test]
+    fn range_errors_name_the_keys() {
+        let epoch = StreamWindow::epoch(0, NonZeroU64::new(10).unwrap()).unwrap();
+        for p in [
+            part(0, 1, 0, 11, 10, 1),
+            part(0, 1, 0, 0, 11, 1),
+            part(0, 1, 0, 5, 4, 1),
+        ] {
+            let message = p.of(&epoch).unwrap_err().to_string();
+            assert!(
+                message.contains("'start'") && message.contains("epoch_len=10"),
+                "{message}"
+            );
+        }
+        let huge = part(1, 2, 0, 0, u64::MAX, u64::MAX / 2);
+        assert!(huge.of(&StreamWindow::new(0, u64::MAX, 1).unwrap()).is_ok());
+    }
+
     proptest! {
+        #[test]
+        fn partitions_are_disjoint_equal_and_cover_the_rule(
+            epoch in 0u64..4, len in 1u64..300, w in 1u64..9, block in 1u64..12,
+            start_frac in 0.0f64..=1.0, stop_frac in 0.0f64..=1.0,
+        ) {
+            let stop = ((len as f64) * stop_frac) as u64;
+            let start = ((stop as f64) * start_frac) as u64;
+            let parts: Vec<Vec<u64>> =
+                (0..w).map(|r| read(part(r, w, 0, start, stop, block), epoch, len)).collect();
+            let per_rank = (stop - start) / block / w * block;
+            let mut all = Vec::new();
+            for (r, p) in parts.iter().enumerate() {
+                prop_assert_eq!(p, &rule(epoch, len, r as u64, w, start, stop, block));
+                prop_assert_eq!(p.len() as u64, per_rank);
+                all.extend_from_slice(p);
+            }
+            all.sort_unstable();
+            let first = epoch * len + start;
+            let covered: Vec<u64> = (first..first + w * per_rank).collect();
+            prop_assert_eq!(all, covered);
+        }
+
+        #[test]
+        fn start_chaining_equals_one_read(
+            len in 1u64..400, w in 1u64..6, block in 1u64..9, start in 0u64..50, m in 0u64..20,
+        ) {
+            let start = start.min(len);
+            for rank in 0..w {
+                let whole = read(part(rank, w, 0, start, len, block), 2, len);
+                let taken = (m * block).min(whole.len() as u64);
+                let resumed_at = start + taken / block * w * block;
+                let tail = read(part(rank, w, 0, resumed_at, len, block), 2, len);
+                let mut chained = whole[..taken as usize].to_vec();
+                chained.extend(tail);
+                prop_assert_eq!(chained, whole);
+            }
+        }
+
+        #[test]
+        fn offsets_skip_inside_blocks(
+            len in 1u64..300, w in 1u64..6, block in 1u64..9, offset in 0u64..80,
+        ) {
+            for rank in 0..w {
+                let whole = read(part(rank, w, 0, 0, len, block), 0, len);
+                let skipped = read(part(rank, w, offset, 0, len, block), 0, len);
+                let skip = (offset as usize).min(whole.len());
+                prop_assert_eq!(&whole[skip..], &skipped[..]);
+            }
+        }
+
         #[test]
         fn batched_draws_equal_single_draws(seed: u64, start in 0u64..1_000_000, n in 0usize..200) {
             let weights: Vec<f64> = (1..300).map(|i| (i % 17 + 1) as f64).collect();

@@ -1,6 +1,6 @@
 //! `Dataset`, `BatchStream` and `SampleIterator`: the in-process reading API.
 
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -135,21 +135,18 @@ impl Dataset {
             .py()
     }
 
-    /// Take the next epoch as a per-sample iterator (partitioned by rank).
-    #[pyo3(signature = (rank=None, world_size=None))]
+    /// Take the next epoch as a per-sample iterator, partitioned like a ticket.
+    #[pyo3(signature = (*, rank=None, world_size=None, start=None, stop=None, block=None, offset=None))]
     fn samples(
         &self,
         rank: Option<&Bound<'_, PyAny>>,
         world_size: Option<&Bound<'_, PyAny>>,
+        start: Option<&Bound<'_, PyAny>>,
+        stop: Option<&Bound<'_, PyAny>>,
+        block: Option<&Bound<'_, PyAny>>,
+        offset: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<SampleIterator> {
-        let partition = match (rank, world_size) {
-            (None, None) => Partition::WHOLE,
-            (rank, world_size) => {
-                let rank = rank.map(|r| unsigned("rank", r)).transpose()?.unwrap_or(0);
-                let world = world_size.map(|w| positive("world_size", w)).transpose()?;
-                Partition::new(rank, world.map_or(1, |w| w.get()), 0).py()?
-            }
-        };
+        let partition = partition(rank, world_size, start, stop, block, offset)?;
         let stream = self
             .inner
             .next_epoch_with(|epoch| {
@@ -158,6 +155,46 @@ impl Dataset {
             })
             .py()?;
         Ok(SampleIterator::new(stream))
+    }
+
+    /// One rank's partition of epoch `epoch` (positions `[e * L, (e + 1) * L)`
+    /// of the active population at the current epoch length `L`), by the rule
+    /// a Flight ticket follows. Does not move the dataset's position.
+    #[pyo3(signature = (
+        epoch, columns, *, rank=None, world_size=None, start=None, stop=None, block=None,
+        offset=None, batch_size=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn epoch(
+        &self,
+        epoch: &Bound<'_, PyAny>,
+        columns: Option<Vec<String>>,
+        rank: Option<&Bound<'_, PyAny>>,
+        world_size: Option<&Bound<'_, PyAny>>,
+        start: Option<&Bound<'_, PyAny>>,
+        stop: Option<&Bound<'_, PyAny>>,
+        block: Option<&Bound<'_, PyAny>>,
+        offset: Option<&Bound<'_, PyAny>>,
+        batch_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<BatchStream> {
+        let batch_rows = positive_usize_or(
+            "batch_size",
+            batch_size,
+            StreamOptions::default().batch_rows,
+        )?;
+        let partition = partition(rank, world_size, start, stop, block, offset)?;
+        let epoch = unsigned("epoch", epoch)?;
+        let epoch_len = NonZeroU64::new(self.epoch_len()?)
+            .ok_or_else(|| Error::internal("the dataset's epoch length is 0"))
+            .py()?;
+        let window = StreamWindow::epoch(epoch, epoch_len)
+            .and_then(|epoch| partition.of(&epoch))
+            .py()?;
+        let population = self.inner.population().py()?;
+        let stream = self
+            .open_stream(population, window, columns, batch_rows)
+            .py()?;
+        Ok(BatchStream::new(stream))
     }
 
     /// Take the next epoch as record batches.
@@ -272,6 +309,34 @@ impl Dataset {
             sample_id,
         )
     }
+}
+
+/// A partition from the keyword arguments a ticket has (`None`: the default).
+fn partition(
+    rank: Option<&Bound<'_, PyAny>>,
+    world_size: Option<&Bound<'_, PyAny>>,
+    start: Option<&Bound<'_, PyAny>>,
+    stop: Option<&Bound<'_, PyAny>>,
+    block: Option<&Bound<'_, PyAny>>,
+    offset: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Partition> {
+    let or_zero = |name, value: Option<&Bound<'_, PyAny>>| {
+        value
+            .map(|v| unsigned(name, v))
+            .transpose()
+            .map(Option::unwrap_or_default)
+    };
+    let world = world_size.map(|w| positive("world_size", w)).transpose()?;
+    let block = block.map(|b| positive("block", b)).transpose()?;
+    let stop = stop.map(|s| unsigned("stop", s)).transpose()?;
+    Ok(Partition::new(
+        or_zero("rank", rank)?,
+        world.map_or(1, |w| w.get()),
+        or_zero("offset", offset)?,
+    )
+    .py()?
+    .range(or_zero("start", start)?, stop)
+    .blocks(block.unwrap_or(NonZeroU64::MIN)))
 }
 
 /// The window `start, start + stride, ...` (`count` positions).

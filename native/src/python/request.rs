@@ -103,6 +103,44 @@ impl StreamRequest {
         self.inner.population.as_ref().map(|p| p.as_str())
     }
 
+    #[getter]
+    fn seed(&self) -> u64 {
+        self.inner.seed
+    }
+
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    #[getter]
+    fn start(&self) -> u64 {
+        self.inner.start
+    }
+
+    #[getter]
+    fn stop(&self) -> Option<u64> {
+        self.inner.stop
+    }
+
+    #[getter]
+    fn block(&self) -> u64 {
+        self.inner.block.get()
+    }
+
+    /// Samples each rank's partition holds (before `offset`); needs the epoch
+    /// length, so call it on a pinned request.
+    fn samples_per_rank(&self) -> PyResult<u64> {
+        let epoch_len = self
+            .inner
+            .epoch_len
+            .ok_or_else(|| {
+                Error::invalid("samples_per_rank() needs the epoch length: pin the request first")
+            })
+            .py()?;
+        self.inner.partition().py()?.per_rank(epoch_len.get()).py()
+    }
+
     fn __repr__(&self) -> String {
         let json = self.inner.to_json().unwrap_or_default();
         format!("StreamRequest({})", String::from_utf8_lossy(&json))

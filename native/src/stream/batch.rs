@@ -115,8 +115,7 @@ impl BatchContext {
     /// Build the batch of window indices `first..first + rows.len()`.
     pub fn build(&self, first: u64, rows: &[u32]) -> Result<RecordBatch> {
         let n = rows.len();
-        let positions =
-            UInt64Array::from_iter_values((0..n as u64).map(|i| self.window.position(first + i)));
+        let positions = UInt64Array::from_iter_values(self.window.positions(first, n as u64));
         let mut cache_ids = Vec::with_capacity(n);
         let mut sample_ids = Vec::with_capacity(n);
         let mut offsets = Vec::with_capacity(n + 1);

@@ -30,7 +30,7 @@ pub fn draw_rows(
         let sender = sender.clone();
         pool.submit(Box::new(move || {
             let mut rows = Vec::with_capacity(n as usize);
-            let positions = (first..first + n).map(|i| window.position(i));
+            let positions = window.positions(first, n);
             order.rows_at(population.alias(), positions, &mut rows);
             let _ = sender.send((c, rows));
         }))?;

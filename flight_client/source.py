@@ -1,0 +1,70 @@
+"""`FlightSource`: a training loader's streams from a DatasetRT Flight service.
+
+Picklable and fork-safe: it holds only where to connect, and each process (the
+trainer, every DataLoader worker) opens its own `DatasetClient` on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from dataset_rt.service import StreamRequest, parse_ticket
+from flight_client.client import DatasetClient, EveryLocationFailedError
+
+
+class FlightSource:
+    """Streams from one server or several replicas (``location``: a URI or a list).
+
+    A rank's stream starts at replica ``rank mod n`` and fails over to the others,
+    resuming at the offset reached, so a lost replica changes nothing in what a
+    rank receives.
+    """
+
+    def __init__(
+        self,
+        location: str | Sequence[str],
+        *,
+        token: str | None = None,
+        tls_root_certs: bytes | None = None,
+        retries: int = 3,
+        backoff: float = 0.1,
+    ) -> None:
+        self.locations = [location] if isinstance(location, str) else list(location)
+        self.token = token
+        self.tls_root_certs = tls_root_certs
+        self.retries = retries
+        self.backoff = backoff
+        self._opened: tuple[int, DatasetClient] | None = None
+
+    @property
+    def client(self) -> DatasetClient:
+        """This process's client (a worker process opens its own)."""
+        if self._opened is None or self._opened[0] != os.getpid():
+            client = DatasetClient(
+                self.locations,
+                token=self.token,
+                tls_root_certs=self.tls_root_certs,
+                retries=self.retries,
+                backoff=self.backoff,
+            )
+            self._opened = (os.getpid(), client)
+        return self._opened[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_opened"} | {"_opened": None}
+
+    def resolve(self, request: StreamRequest) -> StreamRequest:
+        info = self.client.flight_info(request)
+        ticket = parse_ticket(info.endpoints[0].ticket.ticket)
+        if not isinstance(ticket, StreamRequest) or ticket.population is None:
+            raise EveryLocationFailedError(f"the server answered with an unpinned {ticket!r}")
+        return ticket
+
+    def open(self, request: StreamRequest) -> Iterator[pa.RecordBatch]:
+        locations = self.client.locations
+        first = request.rank % len(locations)
+        return self.client.stream_ticket(request, locations[first:] + locations[:first])
