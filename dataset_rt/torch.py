@@ -3,11 +3,12 @@
 
 `DatasetLoader` reads one rank's partition of an epoch as batches of
 ``batch_size`` samples (the partition rule with ``block = batch_size``), through
-a ``torch.utils.data.DataLoader`` whose worker ``k`` of rank ``r`` reads the
-partition ``rank = k * world_size + r`` of ``world_size * num_workers``. The
-DataLoader hands out its workers' batches round-robin, so rank ``r``'s ``q``-th
-batch is block ``r + q * world_size`` whatever the worker count, and after every
-rank took ``m`` batches the consumed positions are a prefix of the epoch.
+a ``torch.utils.data.DataLoader``. Rank ``r``'s ``q``-th batch is block
+``r + q * world_size``; the DataLoader asks its workers for batches round-robin,
+so worker ``k`` reads the rank's batches ``q = k, k + n, ...`` (the lane
+``k * world_size + r`` of ``n * world_size``). What a rank receives, and in which
+order, does not depend on the worker count, and after every rank took ``m``
+batches the consumed positions are a prefix of the epoch.
 ``state_dict()`` is that prefix (and the population segments); it resumes at any
 world size and any worker count. See docs/training.md.
 
@@ -233,10 +234,8 @@ class DatasetLoader:
 
     def __len__(self) -> int:
         """Batches this rank still takes in the current epoch."""
-        workers = max(1, self.num_workers)
-        lanes = self.world_size * workers
         return sum(
-            (stop - start) // self.batch_size // lanes * workers
+            (stop - start) // self.batch_size // self.world_size
             for start, stop, _ in self._state.parts()
         )
 
@@ -327,15 +326,44 @@ class RankReader(IterableDataset[Tagged]):  # type: ignore[misc, unused-ignore]
     def __iter__(self) -> Iterator[Tagged]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        for part in self.parts:
-            request = self.state.request(
-                part,
-                rank=worker * self.world_size + self.rank,
-                world_size=workers * self.world_size,
-                block=self.batch_size,
-            )
+        for request in self.requests(worker, workers):
             for batch in blocks(self.source.open(request), self.batch_size):
                 yield int(batch.column("position")[0].as_py()), self._collate(batch)
+
+    def requests(self, worker: int, workers: int) -> Iterator[StreamRequest]:
+        """The tickets of worker ``worker`` of ``workers``, in order.
+
+        The rank takes ``Q = floor(blocks / world_size)`` blocks of each part (the
+        rule at its world size, whatever the worker count); its ``g``-th batch
+        over all parts is block ``r + q * world_size`` of its part and is read by
+        worker ``g mod workers``, the worker the DataLoader's round-robin asks
+        for it. Within a part that is the lane ``k * world_size + r`` of
+        ``workers * world_size`` lanes (``k`` the worker's turn in this part) for
+        the first ``floor(Q / workers)`` rounds, and one lane of the last,
+        shorter round when ``k < Q mod workers``.
+        """
+        w, r, size = self.world_size, self.rank, self.batch_size
+        taken = 0  # the rank's batches in the parts before this one
+        for start, stop, population in self.parts:
+            per_rank = (stop - start) // size // w
+            turn = (worker - taken) % workers
+            rounds, last = divmod(per_rank, workers)
+            middle = start + rounds * workers * w * size
+            if rounds:
+                yield self.state.request(
+                    (start, middle, population),
+                    rank=turn * w + r,
+                    world_size=workers * w,
+                    block=size,
+                )
+            if turn < last:
+                yield self.state.request(
+                    (middle, middle + last * w * size, population),
+                    rank=turn * w + r,
+                    world_size=last * w,
+                    block=size,
+                )
+            taken += per_rank
 
     def _collate(self, batch: pa.RecordBatch) -> Any:
         if self.transform is None and self.collate_fn is None:

@@ -55,9 +55,7 @@ def test_rank_batches_are_blocks_r_plus_q_w_whatever_the_worker_count(
     r, r + w, r + 2w, ... (verified against the installed PyTorch)."""
     rank = world_size - 1
     batches = list(loader(source, rank=rank, world_size=world_size, num_workers=workers))
-    lanes = world_size * max(1, workers)
-    blocks = 500 // BATCH
-    assert len(batches) == blocks // lanes * max(1, workers)
+    assert len(batches) == 500 // BATCH // world_size
     for q, batch in enumerate(batches):
         first = (rank + q * world_size) * BATCH
         assert positions(batch) == list(range(first, first + BATCH)), f"batch {q}"
@@ -115,8 +113,7 @@ def test_resume_at_another_world_size_consumes_every_position_once(
     seen = [p for p, _ in consumed]
     assert len(seen) == len(set(seen)), "a position was consumed twice"
     start = steps * w1 * BATCH
-    lanes = w2 * max(1, n2)
-    covered = start + (500 - start) // BATCH // lanes * lanes * BATCH
+    covered = start + (500 - start) // BATCH // w2 * w2 * BATCH
     assert sorted(seen) == list(range(covered)), "a covered position was lost"
     assert all(truth[p] == ids for p, ids in consumed)
 
@@ -185,6 +182,21 @@ def test_a_future_switch_splits_the_epoch_and_keeps_the_earlier_population(
         loader(source, world_size=2).switch_population(ones, at=17)
     with pytest.raises(drt.InvalidArgumentError, match="population id"):
         run.switch_population("not-an-id", at=run.position + 500 * 3)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_never_change_a_ranks_sequence_across_population_segments(
+    source: LocalSource, workers: int
+) -> None:
+    """Parts of unequal lengths (a switch at an odd block) keep the round-robin."""
+    ones = source.put(only_label(source.metadata(), 1), activate=False)
+
+    def sequence(n: int) -> list[list[int]]:
+        run = loader(source, world_size=2, rank=1, num_workers=n)
+        run.switch_population(ones, at=7 * 2 * BATCH)
+        return list(map(positions, run))
+
+    assert sequence(workers) == sequence(0)
 
 
 def test_set_epoch_restarts_only_a_new_epoch(source: LocalSource) -> None:
