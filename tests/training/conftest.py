@@ -20,6 +20,7 @@ from dataset_rt.loader import LocalSource
 
 DATASET = "toy"
 RECORDS = 500
+BIG_RECORDS = 1024
 SEED = 99
 
 
@@ -28,6 +29,19 @@ def cache(tmp_path_factory: pytest.TempPathFactory, runtime: drt.DatasetRuntime)
     """One cache of ``RECORDS`` records, labels 0, 1, 2 (built once per session)."""
     root = tmp_path_factory.mktemp("training")
     source = ListSource("train", make_records(RECORDS, payload_size=32))
+    (result,) = runtime.write_cache(
+        source, root, writer_config=drt.WriterConfig(show_progress=False)
+    )
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    return result.path
+
+
+@pytest.fixture(scope="session")
+def big_cache(tmp_path_factory: pytest.TempPathFactory, runtime: drt.DatasetRuntime) -> Path:
+    """``BIG_RECORDS`` records of 64 KiB: a rank's stream outgrows gRPC's buffers,
+    so a server killed mid-epoch is killed mid-stream."""
+    root = tmp_path_factory.mktemp("training-big")
+    source = ListSource("big", make_records(BIG_RECORDS, payload_size=64 * 1024))
     (result,) = runtime.write_cache(
         source, root, writer_config=drt.WriterConfig(show_progress=False)
     )

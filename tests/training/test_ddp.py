@@ -30,11 +30,11 @@ import torch
 
 from dataset_rt.loader import LocalSource, StreamSource
 from dataset_rt.torch import DatasetLoader
-from flight.test_failover import two_servers
+from flight.test_failover import rows_sent, two_servers
 from flight.test_server_cli import ServerProcess
 from flight_client import FlightSource
 
-from .conftest import DATASET, RECORDS, SEED
+from .conftest import BIG_RECORDS, DATASET, RECORDS, SEED
 
 RANK_PROGRAM = Path(__file__).with_name("ddp_rank.py")
 BATCH = 8
@@ -292,15 +292,16 @@ def test_a_switch_before_the_checkpoint_is_reproduced_at_another_world_size(
 
 
 def test_a_replica_killed_mid_epoch_changes_nothing_a_rank_receives(
-    cache: Path, tmp_path: Path
+    big_cache: Path, tmp_path: Path
 ) -> None:
-    with two_servers(cache, tmp_path, advertise=False) as servers:
+    batch = 16
+    with two_servers(big_cache, tmp_path, advertise=False) as servers:
         locations = [server.location() for server in servers]
-        survivor = FlightSource(locations[1])
-        face = Face("flight", {"face": "flight", "locations": locations}, survivor)
+        face = Face("flight", {"face": "flight", "locations": locations}, FlightSource(locations[1]))
         truth = reference(face)
-        whole = run(tmp_path, "whole", face, 2, 1)
-        processes = launch(tmp_path, "failover", face, 2, 1, step_sleep=0.15)
+        whole = run(tmp_path, "whole", face, 2, 1, batch_size=batch)
+        before = rows_sent(locations[1])
+        processes = launch(tmp_path, "failover", face, 2, 1, batch_size=batch, step_sleep=0.1)
         try:
             deadline = time.monotonic() + RUN_TIMEOUT
             log = tmp_path / "failover.rank0"
@@ -312,9 +313,14 @@ def test_a_replica_killed_mid_epoch_changes_nothing_a_rank_receives(
         finally:
             kill(processes)
         failover = read_run(tmp_path, "failover", 2)
+        # Rank 1 started on the survivor; rank 0's stream moved there mid-epoch.
+        resumed = rows_sent(locations[1]) - before - BIG_RECORDS // 2
+        assert resumed > 0, "rank 0's stream never failed over: the kill came too late"
     for rank in range(2):
         assert failover.sequence(rank) == whole.sequence(rank), f"rank {rank}"
-    check_exactly_once(failover.consumed(), covered_end(0, 2), truth)
+    positions = sorted(p for p, _ in failover.consumed())
+    assert positions == list(range(BIG_RECORDS))
+    assert all(truth[p] == ids for p, ids in failover.consumed())
 
 
 def test_the_loader_works_after_the_parent_used_a_flight_client_whatever_the_start_method(
