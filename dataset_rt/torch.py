@@ -20,7 +20,12 @@ script that talked to a Flight server first) cannot fork safely.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import multiprocessing
+import os
+import select
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any, Protocol
 
@@ -284,6 +289,7 @@ class DatasetLoader:
         options: dict[str, Any] = {}
         if self.num_workers:
             options["multiprocessing_context"] = _worker_context(self.multiprocessing_context)
+            options["worker_init_fn"] = functools.partial(_exit_with, os.getpid())
             if self.prefetch_factor is not None:
                 options["prefetch_factor"] = self.prefetch_factor
         loader = DataLoader(
@@ -385,6 +391,33 @@ def _column(array: pa.Array) -> Any:
 
 def _as_is(batch: Tagged) -> Tagged:
     return batch
+
+
+def _exit_with(trainer: int, worker_id: int) -> None:
+    """End this worker when the training process ends, however it ends.
+
+    A forkserver's child is not the trainer's child, so PyTorch's own check (is
+    my parent alive?) never fires when the trainer is killed; without this the
+    workers, and the forkserver waiting on them, would outlive a crashed run.
+    """
+    del worker_id
+    threading.Thread(target=_wait_for_exit, args=(trainer,), daemon=True).start()
+
+
+def _wait_for_exit(pid: int) -> None:
+    try:
+        handle = os.pidfd_open(pid)  # readable once the process has ended (Linux)
+    except (AttributeError, OSError):
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:
+                continue
+    select.select([handle], [], [])
+    os._exit(0)
 
 
 def _default_start_method() -> str:

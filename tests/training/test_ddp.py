@@ -20,18 +20,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from flight.test_failover import rows_sent, two_servers
+from flight.test_server_cli import ServerProcess
 
 from dataset_rt.loader import LocalSource, StreamSource
 from dataset_rt.torch import DatasetLoader
-from flight.test_failover import rows_sent, two_servers
-from flight.test_server_cli import ServerProcess
 from flight_client import FlightSource
 
 from .conftest import BIG_RECORDS, DATASET, RECORDS, SEED
@@ -297,7 +297,9 @@ def test_a_replica_killed_mid_epoch_changes_nothing_a_rank_receives(
     batch = 16
     with two_servers(big_cache, tmp_path, advertise=False) as servers:
         locations = [server.location() for server in servers]
-        face = Face("flight", {"face": "flight", "locations": locations}, FlightSource(locations[1]))
+        face = Face(
+            "flight", {"face": "flight", "locations": locations}, FlightSource(locations[1])
+        )
         truth = reference(face)
         whole = run(tmp_path, "whole", face, 2, 1, batch_size=batch)
         before = rows_sent(locations[1])
