@@ -86,49 +86,50 @@ def main() -> None:
         optimizer.load_state_dict(saved["optimizer"])
         loader.load_state_dict(saved["loader"])
 
-    log = Path(f"{spec['log']}.rank{rank}").open("a")
-    batches = iter(loader)
-    step = 0
-    while True:
-        if spec.get("switch_at") == step:
-            chosen = [put(table.filter(pl.col("label") == 2)) if rank == 0 else None]
-            dist.broadcast_object_list(chosen, src=0)
-            at = loader.switch_population(str(chosen[0]))
-            log.write(json.dumps({"switch": at, "population": chosen[0]}) + "\n")
-        try:
-            batch = next(batches)
-        except StopIteration:
-            break
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(features(batch)), batch["label"])
-        loss.backward()
-        optimizer.step()
-        record = {
-            "step": step,
-            "positions": batch["position"].tolist(),
-            "ids": list(zip(batch["cache_id"].tolist(), batch["sample_id"].tolist(), strict=True)),
-            "labels": batch["label"].tolist(),
-        }
-        log.write(json.dumps(record) + "\n")
-        log.flush()
-        step += 1
-        if spec.get("checkpoint_at") == step:
-            if rank == 0:
-                partial = Path(spec["checkpoint"] + ".partial")
-                torch.save(
-                    {
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "loader": loader.state_dict(),
-                    },
-                    partial,
-                )
-                os.replace(partial, spec["checkpoint"])
-            dist.barrier()
-            spec["step_sleep"] = spec.get("linger", 1.0)
-        time.sleep(spec.get("step_sleep", 0.0))
-    log.write(json.dumps({"done": True, "state": loader.state_dict()}) + "\n")
-    log.close()
+    with Path(f"{spec['log']}.rank{rank}").open("a") as log:
+        batches = iter(loader)
+        step = 0
+        while True:
+            if spec.get("switch_at") == step:
+                chosen = [put(table.filter(pl.col("label") == 2)) if rank == 0 else None]
+                dist.broadcast_object_list(chosen, src=0)
+                at = loader.switch_population(str(chosen[0]))
+                log.write(json.dumps({"switch": at, "population": chosen[0]}) + "\n")
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(features(batch)), batch["label"])
+            loss.backward()
+            optimizer.step()
+            record = {
+                "step": step,
+                "positions": batch["position"].tolist(),
+                "ids": list(
+                    zip(batch["cache_id"].tolist(), batch["sample_id"].tolist(), strict=True)
+                ),
+                "labels": batch["label"].tolist(),
+            }
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            step += 1
+            if spec.get("checkpoint_at") == step:
+                if rank == 0:
+                    partial = Path(spec["checkpoint"] + ".partial")
+                    torch.save(
+                        {
+                            "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "loader": loader.state_dict(),
+                        },
+                        partial,
+                    )
+                    os.replace(partial, spec["checkpoint"])
+                dist.barrier()
+                spec["step_sleep"] = spec.get("linger", 1.0)
+            time.sleep(spec.get("step_sleep", 0.0))
+        log.write(json.dumps({"done": True, "state": loader.state_dict()}) + "\n")
     dist.destroy_process_group()
 
 
