@@ -237,6 +237,17 @@ class DatasetLoader:
 
     # -- iteration -----------------------------------------------------------------
 
+    def stateful_dataset(self) -> RankReader:
+        """The rest of the current epoch as an ``IterableDataset`` of batches, for
+        torchdata's ``StatefulDataLoader(dataset, batch_size=None, num_workers=n)``.
+
+        Its checkpoints restore with the same ``n``, as StatefulDataLoader's
+        always do; the loader's own ``state_dict`` resumes at any world size and
+        worker count. Workers need a start method other than ``fork`` here too
+        (``multiprocessing_context="forkserver"``).
+        """
+        return self._reader(self._state.parts(), tagged=False)
+
     def __len__(self) -> int:
         """Batches this rank still takes in the current epoch."""
         return sum(
@@ -275,8 +286,8 @@ class DatasetLoader:
         self._state.position = start + (block_index // self.world_size + 1) * step
         self._state.steps += 1
 
-    def _data_loader(self, parts: list[tuple[int, int, str]]) -> Iterator[Tagged]:
-        reader = RankReader(
+    def _reader(self, parts: list[tuple[int, int, str]], *, tagged: bool) -> RankReader:
+        return RankReader(
             self.source,
             dataclasses.replace(self._state),
             parts,
@@ -285,7 +296,11 @@ class DatasetLoader:
             batch_size=self.batch_size,
             transform=self.transform,
             collate_fn=self.collate_fn,
+            tagged=tagged,
         )
+
+    def _data_loader(self, parts: list[tuple[int, int, str]]) -> Iterator[Tagged]:
+        reader = self._reader(parts, tagged=True)
         options: dict[str, Any] = {}
         if self.num_workers:
             options["multiprocessing_context"] = _worker_context(self.multiprocessing_context)
@@ -304,9 +319,15 @@ class DatasetLoader:
         return iter(loader)
 
 
-class RankReader(IterableDataset[Tagged]):  # type: ignore[misc, unused-ignore]
+class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
     """The worker side: one DataLoader worker's partition of each part, cut into
-    blocks and collated. Yields ``(first_position, batch)``."""
+    blocks and collated. Yields ``(first_position, batch)``, or the batch alone
+    with ``tagged=False`` (`DatasetLoader.stateful_dataset`).
+
+    It is ``Stateful`` in torchdata's sense: ``state_dict()`` in a worker counts
+    the batches that worker yielded, and ``load_state_dict()`` makes the next
+    iteration skip them by offset, without reading them.
+    """
 
     def __init__(
         self,
@@ -319,7 +340,11 @@ class RankReader(IterableDataset[Tagged]):  # type: ignore[misc, unused-ignore]
         batch_size: int,
         transform: Callable[[dict[str, Any]], Any] | None,
         collate_fn: Callable[[list[Any]], Any] | None,
+        tagged: bool = True,
     ) -> None:
+        self.tagged = tagged
+        self.yielded = 0
+        self.skip = 0
         self.source = source
         self.state = state
         self.parts = parts
@@ -329,12 +354,37 @@ class RankReader(IterableDataset[Tagged]):  # type: ignore[misc, unused-ignore]
         self.transform = transform
         self.collate_fn = collate_fn
 
-    def __iter__(self) -> Iterator[Tagged]:
+    def state_dict(self) -> dict[str, int]:
+        return {"batches": self.yielded}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        batches = state.get("batches") if isinstance(state, Mapping) else None
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise InvalidArgumentError(
+                f"a RankReader state is {{'batches': integer >= 0}}, got {state!r}"
+            )
+        self.skip = batches
+
+    def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        skip, self.skip = self.skip, 0
+        self.yielded = skip  # counted as yielded: a later state_dict includes them
         for request in self.requests(worker, workers):
+            # Skip whole requests, then whole blocks by offset: nothing skipped is read.
+            count = request.samples_per_rank() // self.batch_size
+            if skip >= count:
+                skip -= count
+                continue
+            request = request.resumed(skip * self.batch_size)
+            skip = 0
             for batch in blocks(self.source.open(request), self.batch_size):
-                yield int(batch.column("position")[0].as_py()), self._collate(batch)
+                self.yielded += 1
+                collated = self._collate(batch)
+                if self.tagged:
+                    yield int(batch.column("position")[0].as_py()), collated
+                else:
+                    yield collated
 
     def requests(self, worker: int, workers: int) -> Iterator[StreamRequest]:
         """The tickets of worker ``worker`` of ``workers``, in order.

@@ -243,3 +243,32 @@ def test_bad_loader_arguments(source: LocalSource) -> None:
         loader(source, rank=2, world_size=2)
     with pytest.raises(drt.InvalidArgumentError, match="nope"):
         DatasetLoader(source, DATASET, batch_size=4, seed=1, columns=["nope"])
+
+
+# torchdata 0.11 (its last release) calls torch.set_vital, which PyTorch 2.15 deprecates.
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torchdatas_stateful_dataloader_resumes_the_stateful_dataset(
+    source: LocalSource, workers: int
+) -> None:
+    """torchdata's StatefulDataLoader checkpoints our dataset per worker and
+    resumes it exactly (with the same worker count, as it requires)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def stateful() -> StatefulDataLoader:
+        run = loader(source, world_size=2, rank=1)
+        options: dict[str, Any] = {"num_workers": workers}
+        if workers:
+            options["multiprocessing_context"] = "forkserver"
+        return StatefulDataLoader(run.stateful_dataset(), batch_size=None, **options)
+
+    whole = list(map(positions, stateful()))
+    assert whole == list(map(positions, loader(source, world_size=2, rank=1)))
+    first = stateful()
+    it = iter(first)
+    head = [positions(next(it)) for _ in range(5)]
+    state = first.state_dict()
+    del it
+    second = stateful()
+    second.load_state_dict(state)
+    assert head + list(map(positions, second)) == whole
