@@ -222,13 +222,16 @@ class LoaderState:
     def switch(self, at: int, population: str) -> None:
         """Draw from ``population`` from absolute position ``at`` on (a later
         pending switch is replaced)."""
-        if not _POPULATION_ID.fullmatch(population):
-            raise InvalidArgumentError(
-                f"a population id is 32 lowercase hex digits (as do_put answers), "
-                f"got {population!r}"
-            )
+        check_population_id(population)
         kept = [s for s in self.segments if s.start < at]
         self.segments = [*kept, Segment(at, population)]
+
+
+def check_population_id(population: Any) -> None:
+    if not isinstance(population, str) or not _POPULATION_ID.fullmatch(population):
+        raise InvalidArgumentError(
+            f"a population id is 32 lowercase hex digits (as do_put answers), got {population!r}"
+        )
 
 
 _EXAMPLE: dict[str, Any] = {
@@ -269,9 +272,10 @@ def _segments(value: Any) -> list[Segment]:
     return segments
 
 
-def blocks(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.RecordBatch]:
-    """Re-cut a stream's record batches into batches of exactly ``size`` rows
-    (a partition holds whole blocks, so only a broken stream leaves a rest)."""
+def blocks(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.Table]:
+    """Re-cut a stream's record batches into tables of exactly ``size`` rows,
+    without copying (a block that spans batches is a table of several chunks;
+    a partition holds whole blocks, so only a broken stream leaves a rest)."""
     pending: list[pa.RecordBatch] = []
     held = 0
     for batch in batches:
@@ -281,7 +285,7 @@ def blocks(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.RecordBa
             held += take
             batch = batch.slice(take)
             if held == size:
-                yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                yield pa.Table.from_batches(pending)
                 pending, held = [], 0
     if held:
         raise InvalidArgumentError(

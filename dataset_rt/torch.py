@@ -39,10 +39,17 @@ except ImportError as error:  # pragma: no cover - exercised when torch is absen
         "(or the project's `torch` dependency group)"
     ) from error
 
+import numpy as np
 import pyarrow as pa
 
 from dataset_rt.errors import InternalError, InvalidArgumentError
-from dataset_rt.loader import LoaderState, Segment, StreamSource, blocks
+from dataset_rt.loader import (
+    LoaderState,
+    Segment,
+    StreamSource,
+    blocks,
+    check_population_id,
+)
 from dataset_rt.records import CachedSample
 from dataset_rt.service import StreamRequest
 
@@ -205,6 +212,10 @@ class DatasetLoader:
         grid. Positions before it keep their population; a state saved later
         records the switch.
         """
+        # A malformed, unknown or unusable population fails here, on every rank
+        # alike, not later in a DataLoader worker.
+        check_population_id(population)
+        self.source.resolve(self._state.request((0, 0, population), rank=0, world_size=1, block=1))
         consumed = self._state.epoch_start + self._state.position
         if at is None:
             at = consumed
@@ -267,7 +278,7 @@ class DatasetLoader:
             batches = self._data_loader(parts)
             for first_position, batch in batches:
                 self._advance(first_position, parts)
-                yield batch
+                yield self._ready(batch)
                 if self._state.segments != plan:
                     # A switch was recorded: stop these workers (their prefetched
                     # batches may be past it) and read on with the new segments.
@@ -276,6 +287,15 @@ class DatasetLoader:
                 self._state.position = self._state.epoch_len
                 return
             del batches
+
+    def _ready(self, batch: Any) -> Any:
+        """A default-collated batch arrives as arrays; hand it out as tensors."""
+        if self.transform is not None or self.collate_fn is not None:
+            return batch
+        tensors = _as_tensors(batch)
+        if self.pin_memory and torch.cuda.is_available():
+            tensors = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in tensors.items()}
+        return tensors
 
     def _advance(self, first_position: int, parts: list[tuple[int, int, str]]) -> None:
         """Move the state past the batch that starts at ``first_position``."""
@@ -421,9 +441,14 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
                 )
             taken += per_rank
 
-    def _collate(self, batch: pa.RecordBatch) -> Any:
+    def _collate(self, batch: pa.Table) -> Any:
         if self.transform is None and self.collate_fn is None:
-            return {name: _column(batch.column(name)) for name in batch.schema.names}
+            columns = {name: _column(batch.column(name)) for name in batch.schema.names}
+            # Tagged batches reach the trainer, which makes the tensors
+            # (`_as_tensors`): a NumPy array crosses the worker queue in-band,
+            # a tensor through a shared-memory segment per tensor, which is
+            # slower for batches this size.
+            return columns if self.tagged else _as_tensors(columns)
         samples = batch.to_pylist()
         if self.transform is not None:
             samples = [self.transform(sample) for sample in samples]
@@ -431,12 +456,20 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
         return collate(samples)
 
 
-def _column(array: pa.Array) -> Any:
-    """A column as users expect it: numbers and booleans as a tensor, else a list."""
+def _column(array: pa.ChunkedArray) -> Any:
+    """A column as users expect it: numbers and booleans as an array (a tensor
+    once `_as_tensors` has run), else a list."""
     kind = array.type
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-        return torch.from_numpy(array.to_numpy(zero_copy_only=False).copy())
+        return array.to_numpy().copy()  # writable, as torch.from_numpy wants
     return array.to_pylist()
+
+
+def _as_tensors(columns: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+        for name, value in columns.items()
+    }
 
 
 def _as_is(batch: Tagged) -> Tagged:

@@ -272,3 +272,14 @@ def test_torchdatas_stateful_dataloader_resumes_the_stateful_dataset(
     second = stateful()
     second.load_state_dict(state)
     assert head + list(map(positions, second)) == whole
+
+
+def test_switching_to_an_unknown_population_fails_at_once_and_changes_nothing(
+    source: LocalSource,
+) -> None:
+    run = loader(source)
+    take(iter(run), 2)
+    before = run.state_dict()
+    with pytest.raises(drt.NotFoundError, match="f" * 32):
+        run.switch_population("f" * 32)
+    assert run.state_dict() == before

@@ -1,0 +1,167 @@
+"""The training loader's cost: per-step overhead over the raw client stream, and
+the time from ``load_state_dict`` to the first batch of a resumed run.
+
+    uv run --group torch python benchmarks/bench_loader.py           # full sizes
+    uv run --group torch python benchmarks/bench_loader.py --quick   # a smoke run
+
+One ``flight_server`` process serves caches of 1 KiB and 64 KiB records. Side by
+side, in alternating order, best of ``--repeat`` runs:
+
+- **raw**: ``DatasetClient.epoch(..., batches=True)``, Arrow record batches as the
+  server sends them (the ceiling a loader can reach);
+- **loader**: ``FlightLoader`` batches of ``--batch-size`` samples (collated dicts:
+  payloads as a list of bytes, ids as tensors) with 0 and 2 DataLoader workers;
+  the 2-worker figure includes starting the workers (tens of ms from a warm
+  forkserver).
+
+Then, for an epoch of 2 * 10**9 positions, the time from ``load_state_dict`` of a
+state at position P (P = 0, 10**6, 10**9) to the first batch, on a server and in
+process (``LocalSource``): it must not grow with P.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _flight_common import (
+    SEED,
+    ServerProcess,
+    human_count,
+    render,
+    write_cache,
+)
+
+from dataset_rt.loader import LocalSource
+from dataset_rt.torch import DatasetLoader
+from flight_client import DatasetClient
+from flight_client.torch import FlightLoader
+
+HUGE_EPOCH = 2 * 10**9
+
+
+def best(repeat: int, run: Callable[[], int]) -> tuple[float, int]:
+    """The fastest of ``repeat`` runs: (seconds, samples)."""
+    timings = []
+    samples = 0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        samples = run()
+        timings.append(time.perf_counter() - started)
+    return min(timings), samples
+
+
+def raw_epoch(location: str, dataset: str) -> int:
+    with DatasetClient(location) as client:
+        return sum(b.num_rows for b in client.epoch(dataset, SEED, 0, batches=True))
+
+
+def loader_epoch(location: str, dataset: str, batch_size: int, workers: int) -> int:
+    loader = FlightLoader(location, dataset, batch_size=batch_size, seed=SEED, num_workers=workers)
+    return sum(len(b["payload"]) for b in loader)
+
+
+def first_batch_after_resume(make: Callable[[], DatasetLoader], position: int) -> float:
+    loader = make()
+    state = loader.state_dict() | {"position": position}
+    started = time.perf_counter()
+    loader.load_state_dict(state)
+    batch = next(iter(loader))
+    elapsed = time.perf_counter() - started
+    first = int(batch["position"][0])
+    if first != position + loader.rank * loader.batch_size:
+        raise RuntimeError(f"resumed at {first}, expected {position}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="10x fewer records, one run each")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=256)
+    args = parser.parse_args()
+    scale = 10 if args.quick else 1
+    repeat = 1 if args.quick else args.repeat
+    sizes = [("1KiB", 1024, 200_000 // scale), ("64KiB", 64 * 1024, 8_000 // scale)]
+
+    with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
+        root = Path(tmp)
+        caches = {}
+        for name, size, count in sizes:
+            caches[name], seconds = write_cache(f"c{name}", count, size, root / "caches")
+            print(f"wrote {human_count(count)} records of {name} in {seconds:.1f} s", flush=True)
+        command = [sys.executable, "-m", "flight_server", "--port", "0"]
+        for name, path in caches.items():
+            command += ["--dataset", f"d{name}={path}"]
+        command += ["--state-dir", str(root / "state"), "--data-dir", str(root / "data")]
+        server = ServerProcess.start("ours", command, root)
+        try:
+            location = server.wait_location()
+            rows: list[list[str]] = []
+            for name, size, count in sizes:
+                dataset = f"d{name}"
+                runs: dict[str, Callable[[], int]] = {
+                    "raw": lambda d=dataset: raw_epoch(location, d),
+                    "loader, 0 workers": lambda d=dataset: loader_epoch(
+                        location, d, args.batch_size, 0
+                    ),
+                    "loader, 2 workers": lambda d=dataset: loader_epoch(
+                        location, d, args.batch_size, 2
+                    ),
+                }
+                results: dict[str, tuple[float, int]] = {}
+                for label, run in runs.items():
+                    results[label] = best(repeat, run)
+                raw_rate = results["raw"][1] / results["raw"][0]
+                for label, (seconds, samples) in results.items():
+                    rate = samples / seconds
+                    rows.append(
+                        [
+                            name,
+                            label,
+                            f"{human_count(rate)}/s",
+                            f"{rate / raw_rate:.2f}x",
+                            f"{1e6 * (1 / rate - 1 / raw_rate) * args.batch_size:.0f} us",
+                        ]
+                    )
+                    print(f"{name} {label}: {human_count(rate)} samples/s", flush=True)
+            print()
+            print(f"Per-step overhead, batch_size {args.batch_size} (best of {repeat})")
+            print(
+                render(
+                    ["payload", "reader", "samples/s", "vs raw", "extra per batch"],
+                    rows,
+                )
+            )
+
+            resume_rows: list[list[str]] = []
+            local = LocalSource([caches["1KiB"]], root / "local-state", name="d1KiB")
+            makers: dict[str, Callable[[], DatasetLoader]] = {
+                "server": lambda: FlightLoader(
+                    location, "d1KiB", batch_size=args.batch_size, seed=SEED, epoch_len=HUGE_EPOCH
+                ),
+                "in-process": lambda: DatasetLoader(
+                    local, "d1KiB", batch_size=args.batch_size, seed=SEED, epoch_len=HUGE_EPOCH
+                ),
+            }
+            for face, make in makers.items():
+                cells = [face]
+                for position in (0, 10**6, 10**9):
+                    seconds = min(first_batch_after_resume(make, position) for _ in range(repeat))
+                    cells.append(f"{seconds * 1e3:.1f} ms")
+                resume_rows.append(cells)
+            print()
+            print(f"load_state_dict -> first batch, epoch of {HUGE_EPOCH:,} positions")
+            print(render(["face", "position 0", "position 10^6", "position 10^9"], resume_rows))
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
