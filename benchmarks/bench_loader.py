@@ -104,7 +104,7 @@ def main() -> None:
         try:
             location = server.wait_location()
             rows: list[list[str]] = []
-            for name, size, count in sizes:
+            for name, _, _ in sizes:
                 dataset = f"d{name}"
                 runs: dict[str, Callable[[], int]] = {
                     "raw": lambda d=dataset: raw_epoch(location, d),
