@@ -219,6 +219,19 @@ class LoaderState:
             offset=offset,
         )
 
+    def command(self, population: str) -> StreamRequest:
+        """The run's epoch over ``population`` as a command (no rank): what a
+        source checks before the run uses the population."""
+        return StreamRequest(
+            dataset=self.dataset,
+            seed=self.seed,
+            epoch=self.epoch,
+            epoch_len=self.epoch_len,
+            shuffle=self.shuffle,
+            population=population,
+            columns=list(self.columns),
+        )
+
     def switch(self, at: int, population: str) -> None:
         """Draw from ``population`` from absolute position ``at`` on (a later
         pending switch is replaced)."""

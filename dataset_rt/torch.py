@@ -215,7 +215,7 @@ class DatasetLoader:
         # A malformed, unknown or unusable population fails here, on every rank
         # alike, not later in a DataLoader worker.
         check_population_id(population)
-        self.source.resolve(self._state.request((0, 0, population), rank=0, world_size=1, block=1))
+        self.source.resolve(self._state.command(population))
         consumed = self._state.epoch_start + self._state.position
         if at is None:
             at = consumed

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import torch
 from flight.test_failover import rows_sent, two_servers
@@ -370,3 +371,13 @@ def test_a_loader_on_the_library_and_on_a_server_deliver_the_same_batches(
             for source in (remote.source, local)
         ]
     assert batches[0] == batches[1]
+
+
+def test_a_switch_to_an_unknown_population_on_a_server_fails_at_once(
+    cache: Path, tmp_path: Path
+) -> None:
+    with flight_face(cache, tmp_path / "service") as remote:
+        run = DatasetLoader(remote.source, DATASET, batch_size=BATCH, seed=SEED)
+        with pytest.raises(pa.ArrowKeyError, match="f" * 32):
+            run.switch_population("f" * 32)
+        assert len(run.segments) == 1
