@@ -204,13 +204,7 @@ class LoaderState:
         """The ticket of one rank's share of one part."""
         start, stop, population = part
         return StreamRequest(
-            dataset=self.dataset,
-            seed=self.seed,
-            epoch=self.epoch,
-            epoch_len=self.epoch_len,
-            shuffle=self.shuffle,
-            population=population,
-            columns=list(self.columns),
+            **self._keys(population),
             start=start,
             stop=stop,
             block=block,
@@ -222,15 +216,18 @@ class LoaderState:
     def command(self, population: str) -> StreamRequest:
         """The run's epoch over ``population`` as a command (no rank): what a
         source checks before the run uses the population."""
-        return StreamRequest(
-            dataset=self.dataset,
-            seed=self.seed,
-            epoch=self.epoch,
-            epoch_len=self.epoch_len,
-            shuffle=self.shuffle,
-            population=population,
-            columns=list(self.columns),
-        )
+        return StreamRequest(**self._keys(population))
+
+    def _keys(self, population: str) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "epoch_len": self.epoch_len,
+            "shuffle": self.shuffle,
+            "population": population,
+            "columns": list(self.columns),
+        }
 
     def switch(self, at: int, population: str) -> None:
         """Draw from ``population`` from absolute position ``at`` on (a later
