@@ -138,6 +138,7 @@ class CachedDataset:
         offset: int = 0,
         columns: Sequence[str] | None = None,
         batch_size: int = 1024,
+        payload: bool = True,
     ) -> pa.RecordBatchReader:
         """Rank ``rank``'s partition of epoch ``epoch`` as Arrow record batches.
 
@@ -145,7 +146,9 @@ class CachedDataset:
         active population and the current epoch length ``L``, partitioned by the
         rule of `iter_samples` (and of a Flight ticket: the same keys give the
         same samples as a server for the same caches, population and seed).
-        Does not move the dataset's own position.
+        With ``payload=False`` the batches have no ``payload`` column and no
+        record is read: ids and columns at the speed of the draws. Does not move
+        the dataset's own position.
         """
         native = self._engine.epoch(
             epoch,
@@ -157,6 +160,7 @@ class CachedDataset:
             block=block,
             offset=offset,
             batch_size=batch_size,
+            payload=payload,
         )
         return batch_reader(native)
 
@@ -183,12 +187,13 @@ class CachedDataset:
         stride: int = 1,
         columns: Sequence[str] | None = None,
         batch_size: int = 1024,
+        payload: bool = True,
     ) -> pa.RecordBatchReader:
         """Read positions ``start, start + stride, ...`` (``count`` of them) directly.
 
         This does not move the dataset's own position; any window of the stream can
         be read without computing the positions before it. ``count`` defaults to
-        the epoch length.
+        the epoch length. ``payload=False`` leaves the record bytes out (and unread).
         """
         native = self._engine.stream(
             start,
@@ -196,6 +201,7 @@ class CachedDataset:
             stride,
             None if columns is None else list(columns),
             batch_size=batch_size,
+            payload=payload,
         )
         return batch_reader(native)
 

@@ -31,7 +31,7 @@ class EveryLocationFailedError(ConnectionError):
 class EpochSample(NamedTuple):
     cache_id: int
     sample_id: int
-    payload: bytes
+    payload: bytes | None  # None in an ids-only stream (payload=False)
     metadata: dict[str, Any]
     position: int
 
@@ -169,6 +169,7 @@ class DatasetClient:
         shuffle: bool = True,
         population: str | None = None,
         columns: Sequence[str] = (),
+        payload: bool = True,
     ) -> flight.FlightInfo:
         """The epoch's `FlightInfo`: one self-contained ticket per rank."""
         request = StreamRequest(
@@ -183,6 +184,7 @@ class DatasetClient:
             columns=list(columns),
             epoch_len=epoch_len,
             population=population,
+            payload=payload,
         )
         return self.flight_info(request)
 
@@ -208,13 +210,15 @@ class DatasetClient:
         epoch_len: int | None = None,
         shuffle: bool = True,
         population: str | None = None,
+        payload: bool = True,
     ) -> Iterator[Any]:
         """Rank ``rank``'s samples of ``epoch`` (record batches with ``batches=True``).
 
         ``start``, ``stop``, ``block`` and ``offset`` partition the epoch as in
-        docs/flight-protocol.md. The population and epoch length are pinned when
-        the iteration starts; a stream broken by a lost server resumes on the
-        next location from the offset reached.
+        docs/flight-protocol.md; ``payload=False`` streams ids and columns only.
+        The population and epoch length are pinned when the iteration starts; a
+        stream broken by a lost server resumes on the next location from the
+        offset reached.
         """
         # The request's own rules (rank < world_size, ...) are checked here, in
         # the engine, before anything is sent.
@@ -241,6 +245,7 @@ class DatasetClient:
             shuffle=shuffle,
             population=population,
             columns=columns,
+            payload=payload,
         )
         endpoint = info.endpoints[rank]
         ticket = parse_ticket(endpoint.ticket.ticket)
@@ -306,7 +311,7 @@ def _samples(batches: Iterator[pa.RecordBatch]) -> Iterator[EpochSample]:
             yield EpochSample(
                 cache_id=columns["cache_id"][i],
                 sample_id=columns["sample_id"][i],
-                payload=columns["payload"][i],
+                payload=columns["payload"][i] if "payload" in columns else None,
                 metadata={name: columns[name][i] for name in names},
                 position=columns["position"][i],
             )

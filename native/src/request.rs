@@ -53,6 +53,10 @@ pub struct StreamRequest {
     /// Population columns to add to every batch.
     #[serde(default)]
     pub columns: Vec<String>,
+    /// Whether batches carry the records' bytes (`false`: ids and columns only,
+    /// no record read).
+    #[serde(default = "yes")]
+    pub payload: bool,
     /// Ticket only: which partition, `0 <= rank < world_size`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u64>,

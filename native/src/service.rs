@@ -162,6 +162,7 @@ impl DatasetService {
             window,
             &request.columns,
         )
+        .map(|ctx| ctx.with_payload(request.payload))
     }
 
     /// Check that a request can be served and return its stream's schema,

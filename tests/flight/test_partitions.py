@@ -136,3 +136,36 @@ def test_bad_partition_keys_are_invalid_arguments(
     with pytest.raises(pa.ArrowInvalid) as info:
         raw.get_flight_info(command(body))
     assert named in message(info.value)
+
+
+# -- ids-only streams ---------------------------------------------------------------
+
+
+def test_ids_only_streams_have_the_payload_streams_ids_without_payloads(
+    raw: flight.FlightClient,
+    client: DatasetClient,
+    runtime: drt.DatasetRuntime,
+    toy_caches: tuple[Path, Path],
+) -> None:
+    base = {"dataset": DATASET, "seed": SEED, "epoch": 1, "epoch_len": LENGTH}
+    keys = {"world_size": 2, "rank": 1, "block": 3, "start": 5, "columns": ["label"]}
+    full = stream(raw, base | keys)
+    ids_only = stream(raw, base | keys | {"payload": False})
+    assert ids_only.schema.names == ["position", "cache_id", "sample_id", "label"]
+    assert ids_only.to_pylist() == full.drop_columns(["payload"]).to_pylist()
+    library = runtime.cached_dataset(list(toy_caches), reader_config=drt.ReaderConfig(seed=SEED))
+    library.set_epoch_len(LENGTH)
+    local = library.epoch(
+        1, rank=1, world_size=2, block=3, start=5, columns=["label"], payload=False
+    )
+    assert local.read_all().to_pylist() == ids_only.to_pylist()
+    samples = list(client.epoch(DATASET, SEED, 1, epoch_len=LENGTH, payload=False))
+    assert all(s.payload is None for s in samples)
+    assert [s.sample_id for s in samples] == [s for _, s in ids(stream(raw, base))]
+
+
+def test_payload_must_be_a_bool(raw: flight.FlightClient) -> None:
+    body = {"dataset": DATASET, "seed": SEED, "epoch": 0, "payload": "no"}
+    with pytest.raises(pa.ArrowInvalid) as info:
+        raw.get_flight_info(command(body))
+    assert "'payload'" in message(info.value)

@@ -43,6 +43,7 @@ impl Dataset {
         window: StreamWindow,
         columns: Option<Vec<String>>,
         batch_rows: NonZeroUsize,
+        payload: bool,
     ) -> crate::error::Result<EpochStream> {
         let stored: Vec<String> = self
             .inner
@@ -58,7 +59,8 @@ impl Dataset {
             self.inner.order(),
             window,
             &columns,
-        )?;
+        )?
+        .with_payload(payload);
         EpochStream::new(
             ctx,
             self.pool.clone(),
@@ -151,7 +153,7 @@ impl Dataset {
             .inner
             .next_epoch_with(|epoch| {
                 let window = partition.of(&epoch.window)?;
-                self.open_stream(epoch.population, window, None, SAMPLE_BATCH_ROWS)
+                self.open_stream(epoch.population, window, None, SAMPLE_BATCH_ROWS, true)
             })
             .py()?;
         Ok(SampleIterator::new(stream))
@@ -162,7 +164,7 @@ impl Dataset {
     /// a Flight ticket follows. Does not move the dataset's position.
     #[pyo3(signature = (
         epoch, columns, *, rank=None, world_size=None, start=None, stop=None, block=None,
-        offset=None, batch_size=None
+        offset=None, batch_size=None, payload=true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn epoch(
@@ -176,6 +178,7 @@ impl Dataset {
         block: Option<&Bound<'_, PyAny>>,
         offset: Option<&Bound<'_, PyAny>>,
         batch_size: Option<&Bound<'_, PyAny>>,
+        payload: bool,
     ) -> PyResult<BatchStream> {
         let batch_rows = positive_usize_or(
             "batch_size",
@@ -192,7 +195,7 @@ impl Dataset {
             .py()?;
         let population = self.inner.population().py()?;
         let stream = self
-            .open_stream(population, window, columns, batch_rows)
+            .open_stream(population, window, columns, batch_rows, payload)
             .py()?;
         Ok(BatchStream::new(stream))
     }
@@ -212,14 +215,14 @@ impl Dataset {
         let stream = self
             .inner
             .next_epoch_with(|epoch| {
-                self.open_stream(epoch.population, epoch.window, columns, batch_rows)
+                self.open_stream(epoch.population, epoch.window, columns, batch_rows, true)
             })
             .py()?;
         Ok(BatchStream::new(stream))
     }
 
     /// Any window of the stream, without moving the dataset's position.
-    #[pyo3(signature = (start, count, stride, columns, *, batch_size=None))]
+    #[pyo3(signature = (start, count, stride, columns, *, batch_size=None, payload=true))]
     fn stream(
         &self,
         start: &Bound<'_, PyAny>,
@@ -227,6 +230,7 @@ impl Dataset {
         stride: &Bound<'_, PyAny>,
         columns: Option<Vec<String>>,
         batch_size: Option<&Bound<'_, PyAny>>,
+        payload: bool,
     ) -> PyResult<BatchStream> {
         let batch_rows = positive_usize_or(
             "batch_size",
@@ -236,7 +240,7 @@ impl Dataset {
         let window = window(start, count, stride)?;
         let population = self.inner.population().py()?;
         let stream = self
-            .open_stream(population, window, columns, batch_rows)
+            .open_stream(population, window, columns, batch_rows, payload)
             .py()?;
         Ok(BatchStream::new(stream))
     }

@@ -128,6 +128,11 @@ impl StreamRequest {
         self.inner.block.get()
     }
 
+    #[getter]
+    fn payload(&self) -> bool {
+        self.inner.payload
+    }
+
     /// Samples each rank's partition holds (before `offset`); needs the epoch
     /// length, so call it on a pinned request.
     fn samples_per_rank(&self) -> PyResult<u64> {

@@ -56,6 +56,8 @@ pub struct BatchContext {
     /// Extra columns, taken from the population by row.
     pub columns: Vec<(Field, ArrayRef)>,
     pub schema: SchemaRef,
+    /// Whether batches carry the records' bytes; without, no record is read.
+    pub payload: bool,
 }
 
 impl BatchContext {
@@ -95,7 +97,26 @@ impl BatchContext {
             window,
             columns,
             schema: Arc::new(Schema::new(fields)),
+            payload: true,
         })
+    }
+
+    /// Leave the `payload` column out (`payload = false`): batches of ids and
+    /// population columns, built from the population alone.
+    pub fn with_payload(mut self, payload: bool) -> Self {
+        if !payload && self.payload {
+            let fields: Vec<Field> = self
+                .schema
+                .fields()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != BaseColumn::Payload.index())
+                .map(|(_, f)| f.as_ref().clone())
+                .collect();
+            self.schema = Arc::new(Schema::new(fields));
+        }
+        self.payload = payload;
+        self
     }
 
     /// The population row drawn at window index `i`.
@@ -105,9 +126,13 @@ impl BatchContext {
             .row_at(self.population.alias(), self.window.position(i))
     }
 
-    /// Raw payload length of population row `row`.
+    /// Raw payload length of population row `row` (0 when the stream has no
+    /// payload, so batch sizes follow rows alone).
     #[inline]
     pub fn payload_len(&self, row: usize) -> u64 {
+        if !self.payload {
+            return 0;
+        }
         let (ci, sid) = self.population.record(row);
         self.caches.get(ci).raw_len(sid)
     }
@@ -118,29 +143,32 @@ impl BatchContext {
         let positions = UInt64Array::from_iter_values(self.window.positions(first, n as u64));
         let mut cache_ids = Vec::with_capacity(n);
         let mut sample_ids = Vec::with_capacity(n);
-        let mut offsets = Vec::with_capacity(n + 1);
+        let mut offsets = Vec::with_capacity(if self.payload { n + 1 } else { 0 });
         offsets.push(0i64);
         let total: u64 = rows.iter().map(|&r| self.payload_len(r as usize)).sum();
         let mut values = Vec::with_capacity(total as usize);
         for &row in rows {
             let (ci, sid) = self.population.record(row as usize);
             let cache = self.caches.get(ci);
-            cache.read_into(sid, &mut values)?;
+            if self.payload {
+                cache.read_into(sid, &mut values)?;
+                offsets.push(values.len() as i64);
+            }
             cache_ids.push(cache.cache_id());
             sample_ids.push(sid);
-            offsets.push(values.len() as i64);
         }
-        let payload = LargeBinaryArray::new(
-            OffsetBuffer::new(ScalarBuffer::from(offsets)),
-            Buffer::from_vec(values),
-            None,
-        );
         let mut arrays: Vec<ArrayRef> = vec![
             Arc::new(positions),
             Arc::new(UInt64Array::from(cache_ids)),
             Arc::new(UInt64Array::from(sample_ids)),
-            Arc::new(payload),
         ];
+        if self.payload {
+            arrays.push(Arc::new(LargeBinaryArray::new(
+                OffsetBuffer::new(ScalarBuffer::from(offsets)),
+                Buffer::from_vec(values),
+                None,
+            )));
+        }
         if !self.columns.is_empty() {
             let indices = UInt32Array::from(rows.to_vec());
             for (_, array) in &self.columns {
