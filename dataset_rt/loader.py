@@ -200,6 +200,7 @@ class LoaderState:
         world_size: int,
         block: int,
         offset: int = 0,
+        payload: bool = True,
     ) -> StreamRequest:
         """The ticket of one rank's share of one part."""
         start, stop, population = part
@@ -211,6 +212,7 @@ class LoaderState:
             world_size=world_size,
             rank=rank,
             offset=offset,
+            payload=payload,
         )
 
     def command(self, population: str) -> StreamRequest:
