@@ -20,7 +20,7 @@ from dataset_rt.loader import LocalSource
 
 DATASET = "toy"
 RECORDS = 500
-BIG_RECORDS = 1024
+BIG_RECORDS = 4096
 SEED = 99
 
 
@@ -38,8 +38,9 @@ def cache(tmp_path_factory: pytest.TempPathFactory, runtime: drt.DatasetRuntime)
 
 @pytest.fixture(scope="session")
 def big_cache(tmp_path_factory: pytest.TempPathFactory, runtime: drt.DatasetRuntime) -> Path:
-    """``BIG_RECORDS`` records of 64 KiB: a rank's stream outgrows gRPC's buffers,
-    so a server killed mid-epoch is killed mid-stream."""
+    """``BIG_RECORDS`` records of 64 KiB (256 MiB): a rank's stream (128 MiB) far
+    outgrows what gRPC and the sockets buffer, so a server killed early in the
+    epoch is killed mid-stream."""
     root = tmp_path_factory.mktemp("training-big")
     source = ListSource("big", make_records(BIG_RECORDS, payload_size=64 * 1024))
     (result,) = runtime.write_cache(
