@@ -88,8 +88,8 @@ class RunDescription:
                         taken += rows
                         yield pa.RecordBatch.from_arrays(
                             [
-                                pa.array([epoch] * rows, pa.uint64()),
-                                pa.array([rank] * rows, pa.uint64()),
+                                pa.repeat(pa.scalar(epoch, pa.uint64()), rows),
+                                pa.repeat(pa.scalar(rank, pa.uint64()), rows),
                                 pa.array(steps, pa.uint64()),
                                 *batch.columns,
                             ],

@@ -73,6 +73,23 @@ impl Dataset {
     }
 }
 
+impl Dataset {
+    /// A window of the active population's stream, without moving the position.
+    fn active_stream(
+        &self,
+        window: StreamWindow,
+        columns: Option<Vec<String>>,
+        batch_rows: NonZeroUsize,
+        payload: bool,
+    ) -> PyResult<BatchStream> {
+        let population = self.inner.population().py()?;
+        let stream = self
+            .open_stream(population, window, columns, batch_rows, payload)
+            .py()?;
+        Ok(BatchStream::new(stream))
+    }
+}
+
 #[pymethods]
 impl Dataset {
     #[new]
@@ -180,11 +197,7 @@ impl Dataset {
         batch_size: Option<&Bound<'_, PyAny>>,
         payload: bool,
     ) -> PyResult<BatchStream> {
-        let batch_rows = positive_usize_or(
-            "batch_size",
-            batch_size,
-            StreamOptions::default().batch_rows,
-        )?;
+        let batch_rows = batch_rows(batch_size)?;
         let partition = partition(rank, world_size, start, stop, block, offset)?;
         let epoch = unsigned("epoch", epoch)?;
         let epoch_len = NonZeroU64::new(self.epoch_len()?)
@@ -193,11 +206,7 @@ impl Dataset {
         let window = StreamWindow::epoch(epoch, epoch_len)
             .and_then(|epoch| partition.of(&epoch))
             .py()?;
-        let population = self.inner.population().py()?;
-        let stream = self
-            .open_stream(population, window, columns, batch_rows, payload)
-            .py()?;
-        Ok(BatchStream::new(stream))
+        self.active_stream(window, columns, batch_rows, payload)
     }
 
     /// Take the next epoch as record batches.
@@ -207,11 +216,7 @@ impl Dataset {
         columns: Option<Vec<String>>,
         batch_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BatchStream> {
-        let batch_rows = positive_usize_or(
-            "batch_size",
-            batch_size,
-            StreamOptions::default().batch_rows,
-        )?;
+        let batch_rows = batch_rows(batch_size)?;
         let stream = self
             .inner
             .next_epoch_with(|epoch| {
@@ -232,17 +237,9 @@ impl Dataset {
         batch_size: Option<&Bound<'_, PyAny>>,
         payload: bool,
     ) -> PyResult<BatchStream> {
-        let batch_rows = positive_usize_or(
-            "batch_size",
-            batch_size,
-            StreamOptions::default().batch_rows,
-        )?;
+        let batch_rows = batch_rows(batch_size)?;
         let window = window(start, count, stride)?;
-        let population = self.inner.population().py()?;
-        let stream = self
-            .open_stream(population, window, columns, batch_rows, payload)
-            .py()?;
-        Ok(BatchStream::new(stream))
+        self.active_stream(window, columns, batch_rows, payload)
     }
 
     /// The population rows drawn at a window's positions, without payloads.
@@ -313,6 +310,15 @@ impl Dataset {
             sample_id,
         )
     }
+}
+
+/// Rows per batch: `batch_size` (>= 1) or the stream default.
+fn batch_rows(batch_size: Option<&Bound<'_, PyAny>>) -> PyResult<NonZeroUsize> {
+    positive_usize_or(
+        "batch_size",
+        batch_size,
+        StreamOptions::default().batch_rows,
+    )
 }
 
 /// A partition from the keyword arguments a ticket has (`None`: the default).
