@@ -11,18 +11,24 @@ does not grow with the number of rows.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataset_rt.errors import InvalidArgumentError
-from dataset_rt.loader import LoaderState, StreamSource
+from dataset_rt.errors import InternalError, InvalidArgumentError
+from dataset_rt.loader import LoaderState, Segment, StreamSource
+from dataset_rt.service import StreamRequest
 
 #: The manifest's own columns; chosen population columns follow.
 MANIFEST_COLUMNS = ("epoch", "rank", "step", "position", "cache_id", "sample_id")
+
+#: Rows per stream batch read for a manifest (where the source lets us choose):
+#: large enough that the per-batch Python work is noise.
+_MANIFEST_BATCH_ROWS = 65_536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,43 +65,97 @@ class RunDescription:
             )
         return cls(loaded, sorted(set(chosen)), world, size)
 
+    @classmethod
+    def new(
+        cls,
+        source: StreamSource,
+        dataset: str,
+        *,
+        seed: int,
+        batch_size: int,
+        world_size: int = 1,
+        epochs: Sequence[int] = (0,),
+        epoch_len: int | None = None,
+        population: str | None = None,
+        shuffle: bool = True,
+    ) -> RunDescription:
+        """A run from its keys, as a loader with these arguments would start it:
+        the active population and epoch length of ``source`` unless named.
+        (Workers do not matter: they never change what a rank reads.)"""
+        pinned = source.resolve(
+            StreamRequest(
+                dataset=dataset,
+                seed=seed,
+                epoch=0,
+                epoch_len=epoch_len,
+                population=population,
+                shuffle=shuffle,
+            )
+        )
+        if pinned.population is None or pinned.epoch_len is None:
+            raise InternalError(f"the source did not pin the request: {pinned!r}")
+        state = LoaderState(
+            dataset=dataset,
+            seed=seed,
+            shuffle=shuffle,
+            columns=[],
+            epoch_len=pinned.epoch_len,
+            batch_size=batch_size,
+            world_size=world_size,
+            segments=[Segment(0, pinned.population)],
+        )
+        return cls.from_state(state.to_dict(), epochs=epochs)
+
+    def parts(self, epoch: int) -> list[tuple[int, int, str]]:
+        """Epoch ``epoch``'s ranges of the run, one per population segment: the
+        state's epoch from its position, a later one whole."""
+        return self._at(epoch).parts()
+
+    def rows(self) -> int:
+        """The manifest's row count (every rank's share of every part)."""
+        return sum(
+            self._at(epoch)
+            .request(part, rank=0, world_size=self.world_size, block=self.batch_size)
+            .samples_per_rank()
+            * self.world_size
+            for epoch in self.epochs
+            for part in self.parts(epoch)
+        )
+
+    def _at(self, epoch: int) -> LoaderState:
+        position = self.state.position if epoch == self.state.epoch else 0
+        return dataclasses.replace(self.state, epoch=epoch, position=position)
+
     def batches(
         self, source: StreamSource, columns: Sequence[str] = ()
     ) -> Iterator[pa.RecordBatch]:
         """The manifest's record batches, ordered by epoch, rank and step."""
+        size = self.batch_size
         for epoch in self.epochs:
-            state = dataclasses.replace(
-                self.state,
-                epoch=epoch,
-                position=self.state.position if epoch == self.state.epoch else 0,
-                columns=list(columns),
-            )
+            state = dataclasses.replace(self._at(epoch), columns=list(columns))
             parts = state.parts()
             for rank in range(self.world_size):
                 step = 0
                 for part in parts:
                     request = state.request(
-                        part,
-                        rank=rank,
-                        world_size=self.world_size,
-                        block=self.batch_size,
-                        payload=False,
+                        part, rank=rank, world_size=self.world_size, block=size, payload=False
                     )
                     taken = 0
-                    for batch in source.open(request):
+                    for batch in source.open(request, batch_rows=_MANIFEST_BATCH_ROWS):
                         rows = batch.num_rows
-                        steps = [step + (taken + i) // self.batch_size for i in range(rows)]
+                        # Sample i of the rank's share of this part is in its step i // size.
+                        steps = np.arange(taken, taken + rows, dtype=np.uint64) // size + step
                         taken += rows
                         yield pa.RecordBatch.from_arrays(
                             [
                                 pa.repeat(pa.scalar(epoch, pa.uint64()), rows),
                                 pa.repeat(pa.scalar(rank, pa.uint64()), rows),
-                                pa.array(steps, pa.uint64()),
+                                pa.array(steps),
                                 *batch.columns,
                             ],
                             names=["epoch", "rank", "step", *batch.schema.names],
                         )
-                    step += request.samples_per_rank() // self.batch_size
+                    step += request.samples_per_rank() // size
 
 
 def write_manifest(
@@ -104,9 +164,11 @@ def write_manifest(
     path: str | Path,
     *,
     columns: Sequence[str] = (),
+    progress: Callable[[int], None] | None = None,
 ) -> int:
     """Write the manifest of ``run`` to the Parquet file ``path`` (replaced
-    whole: written beside it, then renamed); returns its row count."""
+    whole: written beside it, then renamed); returns its row count.
+    ``progress`` is called with the rows of each batch as it is written."""
     target = Path(path)
     partial = target.with_name(f".{target.name}.partial")
     rows = 0
@@ -117,6 +179,8 @@ def write_manifest(
                 writer = pq.ParquetWriter(partial, batch.schema)
             writer.write_batch(batch)
             rows += batch.num_rows
+            if progress is not None:
+                progress(batch.num_rows)
         if writer is None:
             # No row: the manifest's columns, the chosen ones typeless (null).
             fields = [(name, pa.uint64()) for name in MANIFEST_COLUMNS]

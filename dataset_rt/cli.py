@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from dataset_rt import _native
+from dataset_rt.audit_cli import add_parser as add_audit_parser
 from dataset_rt.errors import DatasetRTError
 from dataset_rt.records import CacheInput
 
@@ -130,7 +131,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dataset_rt",
-        description="Inspect and verify DatasetRT caches. Without a command, run the demo.",
+        description="Inspect and verify DatasetRT caches, audit training runs. Without a "
+        "command, run the demo.",
     )
     commands = parser.add_subparsers(dest="command")
     inspect_help = "summarise a cache: manifest, schema, sizes, row counts"
@@ -154,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     write.add_argument("base_dir", type=Path, help="where the cache directories go")
     write.add_argument("--num-workers", type=int, default=2, help="Rust worker threads")
     write.set_defaults(run=_write)
+    add_audit_parser(commands)
     demo_help = "write a demo cache (or reuse it), reweight it with Polars, read a balanced epoch"
     demo = commands.add_parser("demo", help=demo_help, description=demo_help)
     demo.add_argument(

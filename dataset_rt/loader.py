@@ -50,8 +50,16 @@ class StreamSource(Protocol):
         and epoch length (the active ones where it names none)."""
         ...
 
-    def open(self, request: StreamRequest) -> Iterator[pa.RecordBatch]:
-        """The record batches of one rank's partition (a ticket with a rank)."""
+    def open(
+        self, request: StreamRequest, *, batch_rows: int | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """The record batches of one rank's partition (a ticket with a rank);
+        ``batch_rows`` asks for batches of that many rows where the source
+        chooses (a server batches as it is configured to)."""
+        ...
+
+    def population(self, dataset: str, population: str) -> pl.DataFrame:
+        """A stored population of ``dataset`` (for the audit's expected shares)."""
         ...
 
 
@@ -365,10 +373,16 @@ class LocalSource:
         self.service.schema(request)
         return self.service.pin(request)
 
-    def open(self, request: StreamRequest) -> Iterator[pa.RecordBatch]:
+    def open(
+        self, request: StreamRequest, *, batch_rows: int | None = None
+    ) -> Iterator[pa.RecordBatch]:
         self._check_name(request.dataset)
-        native = self.service.stream(request, batch_size=min(request.block, 65_536))
-        return iter(batch_reader(native))
+        size = batch_rows or min(request.block, 65_536)
+        return iter(batch_reader(self.service.stream(request, batch_size=size)))
+
+    def population(self, dataset: str, population: str) -> pl.DataFrame:
+        self._check_name(dataset)
+        return self.metadata(population)
 
     def _check_name(self, dataset: str) -> None:
         if dataset != self.name:

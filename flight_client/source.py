@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import polars as pl
 import pyarrow as pa
 
 from dataset_rt.service import StreamRequest, parse_ticket
@@ -64,7 +65,13 @@ class FlightSource:
             raise EveryLocationFailedError(f"the server answered with an unpinned {ticket!r}")
         return ticket
 
-    def open(self, request: StreamRequest) -> Iterator[pa.RecordBatch]:
+    def open(
+        self, request: StreamRequest, *, batch_rows: int | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        # ``batch_rows`` is a hint the server does not take: it batches as configured.
         locations = self.client.locations
         first = request.rank % len(locations)
         return self.client.stream_ticket(request, locations[first:] + locations[:first])
+
+    def population(self, dataset: str, population: str) -> pl.DataFrame:
+        return self.client.get_metadata(dataset, population)

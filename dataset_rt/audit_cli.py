@@ -1,0 +1,340 @@
+"""``python -m dataset_rt audit``: the manifest and the mixture report of a run.
+
+A run is described by a saved loader state (JSON, or a torch checkpoint with
+the state under ``"loader"``) or by its keys (``--dataset``, ``--seed``,
+``--batch-size``, ...). Streams come from caches opened here (``--cache`` and
+``--state-dir``: no server needed) or from a server (``--server``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from dataset_rt.audit import RunDescription, write_manifest
+from dataset_rt.errors import InvalidArgumentError
+from dataset_rt.loader import LocalSource, StreamSource
+
+#: Exit status when a group deviates more than ``--max-sigma``.
+EXIT_DEVIATION = 3
+
+DESCRIPTION = """\
+Recompute what a training run saw, without reading one payload: the manifest
+(epoch, rank, step, position, cache_id, sample_id per sample) and the mixture
+report (per group of a column: expected share from the weights, observed share,
+deviation in binomial sigma, distinct samples, repeats, never drawn), with a
+fingerprint of the data. Exits 3 when --max-sigma is given and a group deviates
+more; 1 on an error.
+"""
+
+EXAMPLES = """\
+examples:
+  # a run from its saved loader state, against the caches here
+  python -m dataset_rt audit state.json --cache data/train --state-dir state \\
+      --group label --plot mixture.png --max-sigma 5
+  # the same through a server, a run given by its keys, only the first 100 steps
+  python -m dataset_rt audit --server grpc://127.0.0.1:8815 --dataset demo \\
+      --seed 7 --batch-size 32 --world-size 4 --epochs 0-1 --steps 0:100 --group label
+"""
+
+
+def add_parser(commands: Any) -> None:
+    audit = commands.add_parser(
+        "audit",
+        help="the manifest and mixture report of a training run",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    audit.add_argument(
+        "state",
+        nargs="?",
+        type=Path,
+        help="a saved loader state: a JSON file (loader.state_dict(), or a dict holding it "
+        "under 'loader') or a torch checkpoint (.pt) with it under 'loader'; "
+        "without one, describe the run with --dataset, --seed and --batch-size",
+    )
+    where = audit.add_argument_group("where the streams come from (one of)")
+    where.add_argument(
+        "--cache",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="a cache directory of the dataset, in the server's order (repeatable); "
+        "needs --state-dir",
+    )
+    where.add_argument(
+        "--state-dir", type=Path, help="the population store (a server's --state-dir)"
+    )
+    where.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="URI",
+        help="a DatasetRT Flight server, e.g. grpc://127.0.0.1:8815 (repeatable: replicas)",
+    )
+    where.add_argument("--token", help="bearer token for --server")
+    run = audit.add_argument_group("the run (without a state file; with one, overrides)")
+    run.add_argument("--dataset", help="dataset name")
+    run.add_argument("--seed", type=int, help="the run's seed")
+    run.add_argument("--batch-size", type=int, help="samples per rank per step")
+    run.add_argument("--world-size", type=int, help="number of ranks (default 1)")
+    run.add_argument("--epoch-len", type=int, help="positions per epoch (default: the active)")
+    run.add_argument("--population", help="population id (default: the active one)")
+    run.add_argument(
+        "--ordered", action="store_true", help="the run read in table order (shuffle=False)"
+    )
+    run.add_argument(
+        "--epochs",
+        type=_epochs,
+        help="epochs to cover: '3', '0,2' or '0-4' (default: the state's epoch, or 0)",
+    )
+    out = audit.add_argument_group("what to produce")
+    out.add_argument("--manifest", type=Path, help="write the manifest to this Parquet file")
+    out.add_argument(
+        "--read-manifest",
+        type=Path,
+        metavar="PATH",
+        help="report on this manifest (written earlier, e.g. while training) instead of "
+        "recomputing it: checks what was recorded against the run's weights",
+    )
+    out.add_argument(
+        "--columns",
+        type=lambda text: [c for c in text.split(",") if c],
+        default=[],
+        metavar="A,B",
+        help="population columns to add to the manifest",
+    )
+    out.add_argument("--group", help="grouping column for the mixture report (e.g. label)")
+    out.add_argument(
+        "--steps",
+        type=_steps,
+        metavar="FIRST:STOP",
+        help="report on steps FIRST <= step < STOP of each epoch (default all)",
+    )
+    out.add_argument("--report", type=Path, help="write the report (.json or .parquet)")
+    out.add_argument("--plot", type=Path, help="draw the report to this PNG file")
+    out.add_argument(
+        "--max-sigma",
+        type=float,
+        help=f"exit {EXIT_DEVIATION} if a group deviates more than this many sigma",
+    )
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    audit.set_defaults(run=run_audit)
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    needs_group = args.report or args.plot or args.max_sigma is not None or args.steps
+    if needs_group and not args.group:
+        raise InvalidArgumentError("--report, --plot, --steps and --max-sigma need --group")
+    if not args.manifest and not args.group:
+        raise InvalidArgumentError("nothing to do: give --manifest PATH and/or --group COLUMN")
+    if args.read_manifest and (args.manifest or not args.group):
+        raise InvalidArgumentError("--read-manifest needs --group and excludes --manifest")
+    state = _read_state(args.state) if args.state else None
+    dataset = args.dataset or (state["dataset"] if state else None)
+    if dataset is None:
+        raise InvalidArgumentError("name the run's dataset: a state file or --dataset")
+    source = _source(args, dataset)
+    run = _describe(args, source, dataset, state)
+
+    from dataset_rt.mixture import mixture_report
+
+    with _progress(run.rows(), enabled=not args.no_progress) as advance:
+        manifest = args.read_manifest or args.manifest
+        if args.manifest is not None:
+            rows = write_manifest(source, run, manifest, columns=args.columns, progress=advance)
+            print(f"manifest: {rows:,} rows -> {manifest}", file=sys.stderr)
+        if not args.group:
+            return 0
+        where = None
+        if args.steps:
+            first, stop = args.steps
+            where = (pl.col("step") >= first) & (pl.col("step") < stop)
+        report = mixture_report(
+            source, run, args.group, manifest=manifest, where=where, progress=advance
+        )
+    _print_report(report)
+    if args.report:
+        report.write(args.report)
+        print(f"report -> {args.report}", file=sys.stderr)
+    if args.plot:
+        width, height = report.plot(args.plot)
+        print(f"plot ({width}x{height}) -> {args.plot}", file=sys.stderr)
+    if args.max_sigma is not None and report.max_abs_sigma > args.max_sigma:
+        print(
+            f"FAIL: a group deviates {report.max_abs_sigma:.2f} sigma from its expected "
+            f"share (--max-sigma {args.max_sigma})",
+            file=sys.stderr,
+        )
+        return EXIT_DEVIATION
+    return 0
+
+
+def _source(args: argparse.Namespace, dataset: str) -> StreamSource:
+    if bool(args.server) == bool(args.cache):
+        raise InvalidArgumentError(
+            "give the streams' source: --cache DIR [--cache DIR ...] --state-dir DIR, "
+            "or --server URI"
+        )
+    if args.server:
+        from flight_client.source import FlightSource
+
+        return FlightSource(args.server, token=args.token)
+    if args.state_dir is None:
+        raise InvalidArgumentError("--cache needs --state-dir (where the populations are)")
+    return LocalSource(args.cache, args.state_dir, name=dataset)
+
+
+def _describe(
+    args: argparse.Namespace, source: StreamSource, dataset: str, state: dict[str, Any] | None
+) -> RunDescription:
+    if state is not None:
+        if args.population or args.epoch_len or args.seed is not None or args.ordered:
+            raise InvalidArgumentError(
+                "a state file fixes --seed, --population, --epoch-len and --ordered; "
+                "only --epochs, --world-size and --batch-size may override it"
+            )
+        return RunDescription.from_state(
+            state, epochs=args.epochs, world_size=args.world_size, batch_size=args.batch_size
+        )
+    missing = [
+        flag for flag, v in (("--seed", args.seed), ("--batch-size", args.batch_size)) if v is None
+    ]
+    if missing:
+        raise InvalidArgumentError(f"without a state file the run needs {' and '.join(missing)}")
+    return RunDescription.new(
+        source,
+        dataset,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        world_size=args.world_size or 1,
+        epochs=args.epochs or [0],
+        epoch_len=args.epoch_len,
+        population=args.population,
+        shuffle=not args.ordered,
+    )
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    """A loader state from a JSON file or a torch checkpoint."""
+    if path.suffix in (".pt", ".pth"):
+        try:
+            import torch
+        except ImportError:
+            raise InvalidArgumentError(
+                f"{path} is a torch checkpoint and torch is not installed; save the loader "
+                "state as JSON (json.dump(loader.state_dict(), f)) or install torch"
+            ) from None
+        loaded = torch.load(path, weights_only=True)
+    else:
+        try:
+            loaded = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise InvalidArgumentError(f"cannot read the loader state {path}: {error}") from None
+    if isinstance(loaded, dict) and "loader" in loaded and "version" not in loaded:
+        loaded = loaded["loader"]
+    if not isinstance(loaded, dict):
+        raise InvalidArgumentError(
+            f"{path} holds no loader state: expected a dict (loader.state_dict()) or a "
+            f"dict with it under 'loader', got {type(loaded).__name__}"
+        )
+    return loaded
+
+
+def _epochs(text: str) -> list[int]:
+    try:
+        if "-" in text:
+            first, last = (int(x) for x in text.split("-", 1))
+            chosen = list(range(first, last + 1))
+        else:
+            chosen = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        chosen = []
+    if not chosen or min(chosen) < 0:
+        raise argparse.ArgumentTypeError(
+            f"epochs are '3', '0,2' or '0-4' (non-negative, ascending range), got {text!r}"
+        )
+    return chosen
+
+
+def _steps(text: str) -> tuple[int, int]:
+    first, sep, stop = text.partition(":")
+    try:
+        bounds = (int(first or 0), int(stop))
+    except ValueError:
+        bounds = (0, -1)
+    if not sep or bounds[0] < 0 or bounds[1] <= bounds[0]:
+        raise argparse.ArgumentTypeError(
+            f"steps are FIRST:STOP with 0 <= FIRST < STOP, e.g. 0:100, got {text!r}"
+        )
+    return bounds
+
+
+@contextmanager
+def _progress(total: int, *, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """A progress bar over the manifest's rows (on stderr, only on a terminal)."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda rows: None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(
+        TextColumn("manifest"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("rows", total=total)
+        yield lambda rows: bar.advance(task, rows)
+
+
+def _print_report(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{report.dataset}: {report.draws:,} draws by {report.group!r}",
+        caption=f"populations {', '.join(report.populations)}",
+    )
+    for name in (
+        report.group,
+        "expected",
+        "observed",
+        "sigma",
+        "distinct",
+        "repeats",
+        "never drawn",
+    ):
+        table.add_column(name, justify="left" if name == report.group else "right")
+    for row in report.groups.iter_rows(named=True):
+        sigma = row["sigma"]
+        style = "red" if abs(sigma) >= 5 else "yellow" if abs(sigma) >= 2 else None
+        table.add_row(
+            "(null)" if row[report.group] is None else str(row[report.group]),
+            f"{row['expected_share']:.4%}",
+            f"{row['observed_share']:.4%} ({row['observed']:,})",
+            f"{sigma:+.2f}",
+            f"{row['distinct']:,}",
+            f"{row['repeats']:,}",
+            f"{row['never_drawn']:,}",
+            style=style,
+        )
+    print(f"fingerprint: {report.fingerprint}")
+    # A pipe gets a fixed width, so that logs show whole rows.
+    Console(width=None if sys.stdout.isatty() else 120).print(table)
