@@ -257,25 +257,32 @@ def _sample_groups(table: pl.DataFrame, group: str, population: str) -> pl.DataF
 def _expected(segments: list[tuple[int, pl.DataFrame]], group: str, shuffle: bool) -> pl.DataFrame:
     """Per group: the expected draws and the variance of the observed count, summed
     over the segments (``d`` draws each, share ``p`` of the segment's population:
-    weights when shuffled, rows when ordered)."""
-    parts = []
+    weights when shuffled, rows when ordered).
+
+    Sums are `math.fsum` (correctly rounded): a report is the same number for
+    number however the population's rows are ordered or chunked."""
+    expected: dict[Any, list[float]] = {}
+    variance: dict[Any, list[float]] = {}
+    dtype: pl.DataType = pl.Null()
     for draws, table in segments:
-        mass = pl.col("weight").sum() if shuffle else pl.len().cast(pl.Float64)
-        shares = table.group_by(group).agg(mass.alias("mass"))
-        shares = shares.with_columns((pl.col("mass") / pl.col("mass").sum()).alias("p"))
-        parts.append(
-            shares.select(
-                group,
-                (pl.col("p") * draws).alias("expected"),
-                (pl.col("p") * (1 - pl.col("p")) * draws).alias("variance"),
-            )
-        )
-    if not parts:
-        return pl.DataFrame(schema={group: pl.Null, "expected": pl.Float64, "variance": pl.Float64})
-    return (
-        pl.concat(parts, how="vertical_relaxed")
-        .group_by(group)
-        .agg(pl.col("expected").sum(), pl.col("variance").sum())
+        dtype = table.schema[group]
+        if shuffle:
+            lists = table.group_by(group).agg(pl.col("weight")).iter_rows()
+            masses = {key: math.fsum(weights) for key, weights in lists}
+        else:
+            masses = {key: float(n) for key, n in table.group_by(group).len().iter_rows()}
+        total = math.fsum(masses.values())
+        for key, mass in masses.items():
+            p = mass / total
+            expected.setdefault(key, []).append(p * draws)
+            variance.setdefault(key, []).append(p * (1 - p) * draws)
+    return pl.DataFrame(
+        {
+            group: list(expected),
+            "expected": [math.fsum(v) for v in expected.values()],
+            "variance": [math.fsum(v) for v in variance.values()],
+        },
+        schema={group: dtype, "expected": pl.Float64, "variance": pl.Float64},
     )
 
 
