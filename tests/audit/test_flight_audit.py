@@ -4,6 +4,7 @@ the report and the CLI work through `flight_client.FlightSource`."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ def served_rows(
         cuts = [first, *([switch] if first < switch < end else []), end]
         for rank in range(world):
             step = 0
-            for a, b in zip(cuts, cuts[1:], strict=False):
+            for a, b in itertools.pairwise(cuts):
                 ticket = {
                     "dataset": DATASET,
                     "seed": SEED,

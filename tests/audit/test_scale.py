@@ -29,10 +29,11 @@ CHILD = textwrap.dedent(
     from dataset_rt.loader import LocalSource
     from dataset_rt.mixture import mixture_report
 
-    cache, state_dir, population, path, rows = sys.argv[1:]
-    source = LocalSource([cache], state_dir, name=%r)
+    cache, state_dir, population, path, rows, DATASET, SEED = sys.argv[1:]
+    SEED = int(SEED)
+    source = LocalSource([cache], state_dir, name=DATASET)
     run = RunDescription.new(
-        source, %r, seed=%d, batch_size=250, world_size=8, epoch_len=int(rows),
+        source, DATASET, seed=SEED, batch_size=250, world_size=8, epoch_len=int(rows),
         population=population,
     )
     began = time.perf_counter()
@@ -49,7 +50,6 @@ CHILD = textwrap.dedent(
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }))
     """
-    % (DATASET, DATASET, SEED)
 )
 
 
@@ -69,7 +69,9 @@ def test_a_manifest_of_10_8_rows_in_bounded_memory(
             population,
             str(path),
             str(ROWS),
-        ],  # fmt: skip
+            DATASET,
+            str(SEED),
+        ],
         capture_output=True,
         text=True,
         timeout=540,
