@@ -67,6 +67,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-workers", type=int, default=2, help="Rust worker threads")
     parser.add_argument("--validate-cache", action="store_true", help="verify full checksums")
     parser.add_argument(
+        "--telemetry-column",
+        metavar="NAME",
+        help="in the stats action, count served rows per value of this population column",
+    )
+    parser.add_argument(
+        "--telemetry-max-groups",
+        type=int,
+        default=64,
+        metavar="N",
+        help="distinct values counted per population; the rest count as '(other)' (default 64)",
+    )
+    parser.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -90,6 +102,12 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
         raise ValueError("--tls-cert and --tls-key must be given together")
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.telemetry_max_groups < 1:
+        raise ValueError(f"--telemetry-max-groups must be >= 1, got {args.telemetry_max_groups}")
+    if args.telemetry_column in ("", "payload"):
+        raise ValueError(
+            f"--telemetry-column cannot be {args.telemetry_column!r}; name a population column"
+        )
     tokens = TokenFile.load(args.token_file) if args.token_file else None
     host = args.host or "127.0.0.1"
     if not _is_loopback(host) and tokens is None:
@@ -116,6 +134,8 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
         tokens=tokens,
         tls_certificates=tls,
         advertise=args.advertise or None,
+        telemetry_column=args.telemetry_column,
+        telemetry_max_groups=args.telemetry_max_groups,
     )
 
 

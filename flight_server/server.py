@@ -1,7 +1,8 @@
 """`DatasetFlightServer`: the Flight RPC surface over a `Catalog`.
 
-The per-batch path of ``do_get`` runs without Python: the native stream is
-handed to pyarrow as a ``RecordBatchReader`` inside ``RecordBatchStream``.
+The per-batch path of ``do_get`` is built in Rust: the native stream is handed
+to pyarrow as a ``RecordBatchReader``; Python only passes each batch on, counting
+it for the ``stats`` action (`flight_server.telemetry`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from flight_server.auth import BearerAuthFactory, TokenFile, require_admin
 from flight_server.catalog import Catalog
 from flight_server.errors import ProtocolError, to_flight_error
 from flight_server.protocol import ActionBody, PutCommand
+from flight_server.telemetry import StreamCounter, Telemetry
 
 log = logging.getLogger("flight_server")
 
@@ -30,7 +32,8 @@ ACTIONS = {
     "set_epoch_len": 'set the active epoch length: {"dataset", "epoch_len"} (admin)',
     "list_populations": 'the stored populations and the active one: {"dataset"}',
     "health": "liveness and the datasets served",
-    "stats": "per dataset: rows, populations, streams served, rows and bytes sent",
+    "stats": "per dataset: rows, populations, streams served, rows and bytes sent, "
+    "and what was served per population (rows, bytes, groups)",
 }
 
 
@@ -63,7 +66,11 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         advertise: list[str] | None = None,
         batch_size: int = 1024,
         prefetch_size: int = 256,
+        telemetry_column: str | None = None,
+        telemetry_max_groups: int = 64,
     ) -> None:
+        # First, so that bad telemetry options fail before a port is bound.
+        self.telemetry = Telemetry(telemetry_column, telemetry_max_groups)
         middleware = {"auth": BearerAuthFactory(tokens)} if tokens else None
         super().__init__(location, tls_certificates=tls_certificates or [], middleware=middleware)
         parts = urlsplit(location)
@@ -127,14 +134,42 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         if isinstance(parsed, engine.MetadataRequest):
             service = self.catalog.get(parsed.dataset)
             return flight.RecordBatchStream(pa.table(service.metadata(parsed.population)))
-        stream = self.catalog.get(parsed.dataset).stream(
-            parsed, batch_size=self._batch_size, prefetch_size=self._prefetch_size
+        service = self.catalog.get(parsed.dataset)
+        # Pinned here, so that telemetry counts the stream under the population
+        # it reads even when the ticket names none (streaming a pinned request is
+        # the same stream: the engine pins it alike).
+        request = service.pin(parsed)
+        request, added = self._with_telemetry_column(service, request)
+        stream = service.stream(
+            request, batch_size=self._batch_size, prefetch_size=self._prefetch_size
         )
         reader = pa.RecordBatchReader.from_stream(stream)
+        counter = self.telemetry.open(
+            request.dataset, request.population or "", reader.schema, drop=added
+        )
         # A GeneratorStream, not RecordBatchStream(reader): an error raised by the
         # generator keeps its Flight status (INTERNAL for damage), where one met
         # inside a C stream reader would leave as INVALID_ARGUMENT or UNKNOWN.
-        return flight.GeneratorStream(reader.schema, _mid_stream_errors(reader, stream))
+        return flight.GeneratorStream(counter.schema, _mid_stream_errors(reader, stream, counter))
+
+    def _with_telemetry_column(
+        self, service: engine.DatasetService, request: engine.StreamRequest
+    ) -> tuple[engine.StreamRequest, bool]:
+        """The request with the telemetry column added when the population has it
+        and the stream would not carry it anyway; and whether it was added (then
+        the counter drops it again, so the client gets the schema it asked for)."""
+        column = self.telemetry.column
+        if column is None or column in engine.BASE_COLUMNS:
+            return request, False
+        keys = json.loads(request.to_json())
+        if column in keys["columns"]:
+            return request, False
+        # Only the schema is read: the metadata table stays in Rust.
+        table = service.metadata(request.population)
+        if not self.telemetry.groupable(pa.RecordBatchReader.from_stream(table).schema):
+            return request, False
+        keys["columns"] = [*keys["columns"], column]
+        return engine.StreamRequest(**keys), True
 
     @_flight_errors
     def do_put(
@@ -198,6 +233,8 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                         "streams": stats.streams,
                         "rows_sent": stats.rows_sent,
                         "bytes_sent": stats.bytes_sent,
+                        "group_column": self.telemetry.column,
+                        "served": self.telemetry.served(name),
                     }
             case other:
                 raise ProtocolError(f"unknown action {other!r}; the actions are {sorted(ACTIONS)}")
@@ -210,13 +247,15 @@ def _schema(service: engine.DatasetService, request: engine.StreamRequest) -> pa
 
 
 def _mid_stream_errors(
-    reader: pa.RecordBatchReader, stream: engine.BatchStream
+    reader: pa.RecordBatchReader, stream: engine.BatchStream, counter: StreamCounter
 ) -> Iterator[pa.RecordBatch]:
-    """The reader's batches. A failure met while streaming (a corrupt record, a
-    failed worker) gets the status of its error class: INTERNAL for damage and
-    internal failures, so that the client resumes on another replica."""
+    """The reader's batches, each counted as it is sent. A failure met while
+    streaming (a corrupt record, a failed worker) gets the status of its error
+    class: INTERNAL for damage and internal failures, so that the client resumes
+    on another replica."""
     try:
-        yield from reader
+        for batch in reader:
+            yield counter.count(batch)
     except pa.ArrowException as error:
         try:
             stream.raise_failure()
