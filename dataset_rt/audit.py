@@ -33,13 +33,23 @@ _MANIFEST_BATCH_ROWS = 65_536
 
 @dataclasses.dataclass(frozen=True)
 class RunDescription:
-    """A loader run: its state when it started (or a saved one), the epochs to
-    cover and the world size and batch size it ran with."""
+    """A loader run: a state of its loader, the epochs to cover and the world
+    size and batch size to cut them with.
+
+    By default the run is what follows the state (a resume point: its epoch from
+    its position, later epochs whole). With ``seen`` it is what came before (a
+    checkpoint: earlier epochs whole, the state's epoch up to its position), the
+    samples a run had consumed when it saved the state. The positions and samples
+    are exact either way; ranks and steps are those of ``world_size`` and
+    ``batch_size`` (a run that resumed at another world size cut its earlier
+    epochs otherwise).
+    """
 
     state: LoaderState
     epochs: Sequence[int]
     world_size: int
     batch_size: int
+    seen: bool = False
 
     @classmethod
     def from_state(
@@ -49,21 +59,34 @@ class RunDescription:
         epochs: Sequence[int] | None = None,
         world_size: int | None = None,
         batch_size: int | None = None,
+        seen: bool = False,
     ) -> RunDescription:
-        """A run from a loader state (``state_dict()``): by default its own epoch
-        from its position, at the world size and batch size that saved it."""
+        """A run from a loader state (``state_dict()``) at the world size and batch
+        size that saved it: by default the state's epoch from its position (or,
+        ``seen``, every epoch up to the state's, until its position)."""
         loaded = LoaderState.from_dict(state)
         world = loaded.world_size if world_size is None else world_size
         size = loaded.batch_size if batch_size is None else batch_size
         for name, value in (("world_size", world), ("batch_size", size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{name!r} must be an integer >= 1, got {value!r}")
-        chosen = [loaded.epoch] if epochs is None else list(epochs)
-        if any(isinstance(e, bool) or not isinstance(e, int) or e < loaded.epoch for e in chosen):
+        if epochs is not None:
+            chosen = list(epochs)
+        else:
+            chosen = list(range(loaded.epoch + 1)) if seen else [loaded.epoch]
+
+        def out_of_range(e: Any) -> bool:
+            if isinstance(e, bool) or not isinstance(e, int) or e < 0:
+                return True
+            return e > loaded.epoch if seen else e < loaded.epoch
+
+        if any(out_of_range(e) for e in chosen):
+            bound = "<=" if seen else ">="
             raise InvalidArgumentError(
-                f"'epochs' must be integers >= the state's epoch {loaded.epoch}, got {chosen!r}"
+                f"'epochs' must be integers {bound} the state's epoch {loaded.epoch}"
+                f"{' (seen: what came before the state)' if seen else ''}, got {chosen!r}"
             )
-        return cls(loaded, sorted(set(chosen)), world, size)
+        return cls(loaded, sorted(set(chosen)), world, size, seen)
 
     @classmethod
     def new(
@@ -107,9 +130,12 @@ class RunDescription:
         return cls.from_state(state.to_dict(), epochs=epochs)
 
     def parts(self, epoch: int) -> list[tuple[int, int, str]]:
-        """Epoch ``epoch``'s ranges of the run, one per population segment: the
-        state's epoch from its position, a later one whole."""
-        return self._at(epoch).parts()
+        """Epoch ``epoch``'s ranges of the run, one per population segment."""
+        parts = self._at(epoch).parts()
+        if self.seen and epoch == self.state.epoch:
+            end = self.state.position
+            return [(a, min(b, end), p) for a, b, p in parts if a < end]
+        return parts
 
     def rows(self) -> int:
         """The manifest's row count (every rank's share of every part)."""
@@ -123,7 +149,7 @@ class RunDescription:
         )
 
     def _at(self, epoch: int) -> LoaderState:
-        position = self.state.position if epoch == self.state.epoch else 0
+        position = self.state.position if epoch == self.state.epoch and not self.seen else 0
         return dataclasses.replace(self.state, epoch=epoch, position=position)
 
     def batches(
@@ -133,7 +159,7 @@ class RunDescription:
         size = self.batch_size
         for epoch in self.epochs:
             state = dataclasses.replace(self._at(epoch), columns=list(columns))
-            parts = state.parts()
+            parts = self.parts(epoch)
             for rank in range(self.world_size):
                 step = 0
                 for part in parts:

@@ -97,6 +97,13 @@ def add_parser(commands: Any) -> None:
         type=_epochs,
         help="epochs to cover: '3', '0,2' or '0-4' (default: the state's epoch, or 0)",
     )
+    run.add_argument(
+        "--seen",
+        action="store_true",
+        help="with a state file from a checkpoint: what the run had consumed when it "
+        "saved it (epochs 0 to the state's, the last until its position); without, "
+        "what follows the state (a resume point)",
+    )
     out = audit.add_argument_group("what to produce")
     out.add_argument("--manifest", type=Path, help="write the manifest to this Parquet file")
     out.add_argument(
@@ -204,8 +211,14 @@ def _describe(
                 "only --epochs, --world-size and --batch-size may override it"
             )
         return RunDescription.from_state(
-            state, epochs=args.epochs, world_size=args.world_size, batch_size=args.batch_size
+            state,
+            epochs=args.epochs,
+            world_size=args.world_size,
+            batch_size=args.batch_size,
+            seen=args.seen,
         )
+    if args.seen:
+        raise InvalidArgumentError("--seen needs a state file (a checkpoint's loader state)")
     missing = [
         flag for flag, v in (("--seed", args.seed), ("--batch-size", args.batch_size)) if v is None
     ]

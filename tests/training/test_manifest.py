@@ -102,3 +102,50 @@ def test_bad_run_descriptions_are_refused(source: LocalSource) -> None:
         RunDescription.from_state(state | {"epoch": 2}, epochs=[1])
     with pytest.raises(drt.InvalidArgumentError, match="version"):
         RunDescription.from_state(state | {"version": 0})
+
+
+@pytest.mark.parametrize(("world_size", "batch_size"), [(1, 8), (3, 5)])
+def test_seen_is_what_a_checkpointed_run_consumed(
+    source: LocalSource, tmp_path: Path, world_size: int, batch_size: int
+) -> None:
+    """A run reads epoch 0 whole and 7 steps of epoch 1, with a switch midway,
+    then saves its state: the manifest of what the state has seen is exactly
+    what the loaders delivered."""
+    twos = source.put(only_label(source.metadata(), 2), activate=False)
+    loaders = [
+        DatasetLoader(
+            source,
+            DATASET,
+            batch_size=batch_size,
+            seed=SEED,
+            columns=["label"],
+            rank=rank,
+            world_size=world_size,
+        )
+        for rank in range(world_size)
+    ]
+    for run in loaders:
+        run.switch_population(twos, at=200 - 200 % (world_size * batch_size))
+    expected = delivered(loaders, [0])
+    for rank, run in enumerate(loaders):
+        run.set_epoch(1)
+        for step, batch in zip(range(7), run, strict=False):
+            for p, c, s, label in zip(
+                batch["position"].tolist(),
+                batch["cache_id"].tolist(),
+                batch["sample_id"].tolist(),
+                batch["label"].tolist(),
+                strict=True,
+            ):
+                ids = {"position": p, "cache_id": c, "sample_id": s, "label": label}
+                expected.append({"epoch": 1, "rank": rank, "step": step} | ids)
+    state = loaders[0].state_dict()
+    assert (state["epoch"], state["position"]) == (1, 7 * world_size * batch_size)
+    run = RunDescription.from_state(state, seen=True)
+    assert list(run.epochs) == [0, 1]
+    path = tmp_path / "seen.parquet"
+    write_manifest(source, run, path, columns=["label"])
+    key = ("epoch", "rank", "step", "position")
+    assert pl.read_parquet(path).to_dicts() == sorted(expected, key=lambda r: [r[k] for k in key])
+    with pytest.raises(drt.InvalidArgumentError, match="<= the state's epoch 1"):
+        RunDescription.from_state(state, seen=True, epochs=[2])
