@@ -298,6 +298,7 @@ def _progress(total: int, *, enabled: bool) -> Iterator[Callable[[int], None]]:
     if not enabled or not sys.stderr.isatty():
         yield lambda rows: None
         return
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -311,6 +312,7 @@ def _progress(total: int, *, enabled: bool) -> Iterator[Callable[[int], None]]:
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
+        console=Console(stderr=True),
         transient=True,
     ) as bar:
         task = bar.add_task("rows", total=total)
