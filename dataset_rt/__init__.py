@@ -10,6 +10,7 @@ from dataset_rt.config import (
     CompressionAlgo,
     ReaderConfig,
     ShardCompression,
+    ShuffleMode,
     WriterConfig,
 )
 from dataset_rt.dataset import (
@@ -71,6 +72,7 @@ __all__ = [
     "ReaderConfig",
     "SchemaMismatchError",
     "ShardCompression",
+    "ShuffleMode",
     "SourceError",
     "WriterConfig",
 ]

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dataset_rt.config import ShuffleMode
 from dataset_rt.errors import InternalError, InvalidArgumentError
 from dataset_rt.loader import LoaderState, Segment, StreamSource
 from dataset_rt.service import StreamRequest
@@ -100,7 +101,7 @@ class RunDescription:
         epochs: Sequence[int] = (0,),
         epoch_len: int | None = None,
         population: str | None = None,
-        shuffle: bool = True,
+        shuffle: ShuffleMode = True,
     ) -> RunDescription:
         """A run from its keys, as a loader with these arguments would start it:
         the active population and epoch length of ``source`` unless named.

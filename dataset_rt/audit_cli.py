@@ -90,7 +90,11 @@ def add_parser(commands: Any) -> None:
     run.add_argument("--epoch-len", type=int, help="positions per epoch (default: the active)")
     run.add_argument("--population", help="population id (default: the active one)")
     run.add_argument(
-        "--ordered", action="store_true", help="the run read in table order (shuffle=False)"
+        "--shuffle",
+        choices=["true", "false", "permutation"],
+        default="true",
+        help="the run's stream mode: weighted draws (true, the default), table order "
+        "(false) or every row once per cycle (permutation)",
     )
     run.add_argument(
         "--epochs",
@@ -205,9 +209,9 @@ def _describe(
     args: argparse.Namespace, source: StreamSource, dataset: str, state: dict[str, Any] | None
 ) -> RunDescription:
     if state is not None:
-        if args.population or args.epoch_len or args.seed is not None or args.ordered:
+        if args.population or args.epoch_len or args.seed is not None or args.shuffle != "true":
             raise InvalidArgumentError(
-                "a state file fixes --seed, --population, --epoch-len and --ordered; "
+                "a state file fixes --seed, --population, --epoch-len and --shuffle; "
                 "only --epochs, --world-size and --batch-size may override it"
             )
         return RunDescription.from_state(
@@ -233,7 +237,7 @@ def _describe(
         epochs=args.epochs or [0],
         epoch_len=args.epoch_len,
         population=args.population,
-        shuffle=not args.ordered,
+        shuffle={"true": True, "false": False}.get(args.shuffle, "permutation"),
     )
 
 

@@ -15,6 +15,11 @@ from dataset_rt.errors import InvalidArgumentError
 CompressionAlgo: TypeAlias = Literal["none", "lz4", "zstd"]
 
 
+#: A stream's mode, the ``shuffle`` key: ``True`` (weighted draws with
+#: replacement), ``False`` (table order) or ``"permutation"``.
+ShuffleMode: TypeAlias = bool | Literal["permutation"]
+
+
 @dataclass(frozen=True)
 class ShardCompression:
     """Per-record compression of payload shards.
@@ -87,13 +92,15 @@ class ReaderConfig:
     ``seed`` fixes the stream (any int that fits in 64 bits, negative values are
     taken modulo 2**64); ``prefetch_size`` is the number of samples decoded ahead
     of the consumer; ``shuffle`` selects weighted sampling with replacement
-    (``True``) or the active rows in order (``False``); ``validate_cache`` verifies
+    (``True``), the active rows in order (``False``) or every row once per cycle
+    of ``rows`` positions in a fresh random order (``"permutation"``, weights
+    ignored; see docs/sampling.md); ``validate_cache`` verifies
     the full checksum of every cache file when the dataset is opened.
     """
 
     seed: int
     prefetch_size: int = 64
-    shuffle: bool = True
+    shuffle: ShuffleMode = True
     validate_cache: bool = False
     # The engine's validated copy (its rules live in Rust): built at construction,
     # so a bad value fails where it is written.

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import polars as pl
 import pyarrow as pa
 
+from dataset_rt.config import ShuffleMode
 from dataset_rt.dataset import batch_reader
 from dataset_rt.errors import InvalidArgumentError
 from dataset_rt.runtime import DatasetRuntime
@@ -84,7 +85,7 @@ class LoaderState:
 
     dataset: str
     seed: int
-    shuffle: bool
+    shuffle: ShuffleMode
     columns: list[str]
     epoch_len: int
     batch_size: int
@@ -143,9 +144,10 @@ class LoaderState:
             raise InvalidArgumentError(
                 f"loader state 'dataset' must be a dataset name, got {state['dataset']!r}"
             )
-        if not isinstance(state["shuffle"], bool):
+        if not (isinstance(state["shuffle"], bool) or state["shuffle"] == "permutation"):
             raise InvalidArgumentError(
-                f"loader state 'shuffle' must be true or false, got {state['shuffle']!r}"
+                "loader state 'shuffle' must be true, false or \"permutation\", "
+                f"got {state['shuffle']!r}"
             )
         columns = state["columns"]
         if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):

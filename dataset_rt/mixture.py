@@ -3,7 +3,7 @@
 For a grouping column of the population (``label``, ``source``, ...) and a
 range of a run's manifest, per group: the expected share (from the weights of
 the population each position drew from; from the row counts when the stream is
-ordered), the observed count and share, the deviation in standard deviations of
+ordered or a permutation), the observed count and share, the deviation in standard deviations of
 the binomial, the distinct samples seen, the repeats and the samples never
 drawn. At the top, one short fingerprint of the data (the populations' ids and
 their caches' ids) to put in training logs.
@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataset_rt.audit import RunDescription, write_manifest
+from dataset_rt.config import ShuffleMode
 from dataset_rt.errors import InvalidArgumentError
 from dataset_rt.loader import StreamSource
 
@@ -68,7 +69,7 @@ class MixtureReport:
     populations: list[str]
     cache_ids: list[int]
     seed: int
-    shuffle: bool
+    shuffle: ShuffleMode
     groups: pl.DataFrame
 
     @property
@@ -189,7 +190,7 @@ def mixture_report(
             if i in draws_per_segment
         ],
         group,
-        state.shuffle,
+        weighted=state.shuffle is True,
     )
     samples = (
         lookup.filter(pl.col("segment").is_in(list(draws_per_segment)))
@@ -254,10 +255,12 @@ def _sample_groups(table: pl.DataFrame, group: str, population: str) -> pl.DataF
     return pairs
 
 
-def _expected(segments: list[tuple[int, pl.DataFrame]], group: str, shuffle: bool) -> pl.DataFrame:
+def _expected(
+    segments: list[tuple[int, pl.DataFrame]], group: str, *, weighted: bool
+) -> pl.DataFrame:
     """Per group: the expected draws and the variance of the observed count, summed
     over the segments (``d`` draws each, share ``p`` of the segment's population:
-    weights when shuffled, rows when ordered).
+    weights for weighted draws, rows in table order and permutation mode).
 
     Sums are `math.fsum` (correctly rounded): a report is the same number for
     number however the population's rows are ordered or chunked."""
@@ -266,7 +269,7 @@ def _expected(segments: list[tuple[int, pl.DataFrame]], group: str, shuffle: boo
     dtype: pl.DataType = pl.Null()
     for draws, table in segments:
         dtype = table.schema[group]
-        if shuffle:
+        if weighted:
             lists = table.group_by(group).agg(pl.col("weight")).iter_rows()
             masses = {key: math.fsum(weights) for key, weights in lists}
         else:

@@ -42,6 +42,7 @@ except ImportError as error:  # pragma: no cover - exercised when torch is absen
 import numpy as np
 import pyarrow as pa
 
+from dataset_rt.config import ShuffleMode
 from dataset_rt.errors import InternalError, InvalidArgumentError
 from dataset_rt.loader import (
     LoaderState,
@@ -86,7 +87,7 @@ class DatasetLoader:
         epoch_len: int | None = None,
         population: str | None = None,
         columns: tuple[str, ...] | list[str] = (),
-        shuffle: bool = True,
+        shuffle: ShuffleMode = True,
         rank: int | None = None,
         world_size: int | None = None,
         num_workers: int = 0,

@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from dataset_rt.config import ShuffleMode
 from dataset_rt.service import BASE_COLUMNS, StreamRequest, parse_ticket
 
 # Statuses after which another location (or the same one, later) can serve the
@@ -166,7 +167,7 @@ class DatasetClient:
         stop: int | None = None,
         block: int = 1,
         epoch_len: int | None = None,
-        shuffle: bool = True,
+        shuffle: ShuffleMode = True,
         population: str | None = None,
         columns: Sequence[str] = (),
         payload: bool = True,
@@ -208,7 +209,7 @@ class DatasetClient:
         columns: Sequence[str] = (),
         batches: bool = False,
         epoch_len: int | None = None,
-        shuffle: bool = True,
+        shuffle: ShuffleMode = True,
         population: str | None = None,
         payload: bool = True,
     ) -> Iterator[Any]:

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::population::check_population_id;
-use crate::sampling::{Partition, StreamWindow};
+use crate::sampling::{Partition, ShuffleMode, StreamWindow};
 
 /// Largest command or ticket accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -31,9 +31,10 @@ pub struct StreamRequest {
     /// Positions per epoch (default: the active epoch length).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch_len: Option<NonZeroU64>,
-    /// Weighted draws with replacement (`true`) or the rows in order (`false`).
-    #[serde(default = "yes")]
-    pub shuffle: bool,
+    /// Weighted draws with replacement (`true`), the rows in order (`false`) or
+    /// every row once per cycle in a fresh order (`"permutation"`).
+    #[serde(default = "weighted")]
+    pub shuffle: ShuffleMode,
     /// Ranks the epoch is split into, `1..=MAX_WORLD_SIZE` (see `Partition`).
     #[serde(default = "one")]
     pub world_size: u64,
@@ -67,6 +68,10 @@ pub struct StreamRequest {
 
 fn yes() -> bool {
     true
+}
+
+fn weighted() -> ShuffleMode {
+    ShuffleMode::Weighted
 }
 
 fn one() -> u64 {
@@ -305,7 +310,7 @@ mod tests {
     fn defaults_and_round_trip() {
         let raw = br#"{"dataset":"toy","seed":1,"epoch":2}"#;
         let request = StreamRequest::from_command(raw).unwrap();
-        assert!(request.shuffle);
+        assert_eq!(request.shuffle, ShuffleMode::Weighted);
         assert_eq!(request.world_size, 1);
         let ticket = request.for_rank(0).unwrap();
         let parsed = Ticket::parse(&ticket.to_json().unwrap()).unwrap();

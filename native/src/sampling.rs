@@ -13,7 +13,13 @@
 
 use std::num::NonZeroU64;
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
+
+mod permutation;
+
+pub use permutation::Permutation;
 
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -195,24 +201,73 @@ fn fraction_to_threshold(p: f64) -> u32 {
     }
 }
 
+/// How a stream draws rows: the `shuffle` key, `true | false | "permutation"`
+/// (the booleans keep their meaning from before the third mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ShuffleKey", into = "ShuffleKey")]
+pub enum ShuffleMode {
+    /// `false`: the rows in table order, cyclically.
+    Ordered,
+    /// `true`: weighted draws with replacement.
+    Weighted,
+    /// `"permutation"`: every row once per cycle of `rows` positions, in a fresh
+    /// pseudo-random order each cycle; weights are ignored.
+    Permutation,
+}
+
+/// The JSON and Python spellings of a `ShuffleMode`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ShuffleKey {
+    Bool(bool),
+    Name(String),
+}
+
+impl TryFrom<ShuffleKey> for ShuffleMode {
+    type Error = Error;
+
+    fn try_from(key: ShuffleKey) -> Result<Self> {
+        match key {
+            ShuffleKey::Bool(true) => Ok(ShuffleMode::Weighted),
+            ShuffleKey::Bool(false) => Ok(ShuffleMode::Ordered),
+            ShuffleKey::Name(name) if name == "permutation" => Ok(ShuffleMode::Permutation),
+            ShuffleKey::Name(name) => Err(Error::invalid(format!(
+                "'shuffle' must be true (weighted draws), false (table order) or \
+                 \"permutation\" (every row once per cycle), got {name:?}"
+            ))),
+        }
+    }
+}
+
+impl From<ShuffleMode> for ShuffleKey {
+    fn from(mode: ShuffleMode) -> ShuffleKey {
+        match mode {
+            ShuffleMode::Weighted => ShuffleKey::Bool(true),
+            ShuffleMode::Ordered => ShuffleKey::Bool(false),
+            ShuffleMode::Permutation => ShuffleKey::Name("permutation".into()),
+        }
+    }
+}
+
 /// How stream positions map to rows of the active population.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamOrder {
-    /// `shuffle=False`: the rows in table order, cyclically.
+    /// The rows in table order, cyclically.
     Sequential,
-    /// `shuffle=True`: weighted multinomial draws with replacement; `key` is
-    /// `stream_key(seed)`.
+    /// Weighted multinomial draws with replacement; `key` is `stream_key(seed)`.
     Weighted { key: u64 },
+    /// Position `k` is row `pi_c(k mod rows)` with `c = k div rows` the cycle
+    /// and `pi_c` the `Permutation` of `[0, rows)` keyed by (`key`, `c`).
+    Permuted { key: u64 },
 }
 
 impl StreamOrder {
-    pub fn new(shuffle: bool, seed: u64) -> Self {
-        if shuffle {
-            StreamOrder::Weighted {
-                key: stream_key(seed),
-            }
-        } else {
-            StreamOrder::Sequential
+    pub fn new(mode: ShuffleMode, seed: u64) -> Self {
+        let key = stream_key(seed);
+        match mode {
+            ShuffleMode::Ordered => StreamOrder::Sequential,
+            ShuffleMode::Weighted => StreamOrder::Weighted { key },
+            ShuffleMode::Permutation => StreamOrder::Permuted { key },
         }
     }
 
@@ -230,17 +285,47 @@ impl StreamOrder {
             StreamOrder::Weighted { key } => {
                 table.sample_many(positions.map(|p| word_at_key(key, p)), out)
             }
+            StreamOrder::Permuted { key } => {
+                let rows = table.len().max(1) as u64;
+                // A window's positions move through few cycles: build each
+                // cycle's permutation once, not once per position.
+                let mut current: Option<(u64, Permutation)> = None;
+                out.extend(positions.map(|p| {
+                    let cycle = p / rows;
+                    let permutation = match current {
+                        Some((c, permutation)) if c == cycle => permutation,
+                        _ => {
+                            let permutation = cycle_permutation(key, cycle, rows);
+                            current = Some((cycle, permutation));
+                            permutation
+                        }
+                    };
+                    permutation.at(p % rows) as u32
+                }))
+            }
         }
     }
 
     /// The population row drawn at `position`.
     #[inline]
     pub fn row_at(self, table: &AliasTable, position: u64) -> usize {
+        let rows = table.len().max(1) as u64;
         match self {
-            StreamOrder::Sequential => (position % table.len().max(1) as u64) as usize,
+            StreamOrder::Sequential => (position % rows) as usize,
             StreamOrder::Weighted { key } => table.sample(word_at_key(key, position)),
+            StreamOrder::Permuted { key } => {
+                cycle_permutation(key, position / rows, rows).at(position % rows) as usize
+            }
         }
     }
+}
+
+/// The permutation of cycle `cycle` of a stream whose key is `key`.
+fn cycle_permutation(key: u64, cycle: u64, rows: u64) -> Permutation {
+    Permutation::new(
+        rows,
+        mix64(key ^ mix64(cycle.wrapping_add(0x3C6E_F372_FE94_F82B))),
+    )
 }
 
 /// Most ranks one epoch can be split into (a larger world is refused before
@@ -561,6 +646,119 @@ mod tests {
         assert_eq!(rows, vec![0, 1, 2, 0, 1, 2, 0]);
     }
 
+    /// The rows of cycle `c` of a permutation stream over `rows` rows, batched.
+    fn permuted_cycle(table: &AliasTable, seed: u64, cycle: u64) -> Vec<u32> {
+        let rows = table.len() as u64;
+        let mut out = Vec::new();
+        let order = StreamOrder::new(ShuffleMode::Permutation, seed);
+        order.rows_at(table, cycle * rows..(cycle + 1) * rows, &mut out);
+        out
+    }
+
+    #[test]
+    fn every_permutation_cycle_holds_every_row_once() {
+        for rows in [1usize, 2, 3, 1000, 1009, (1 << 20) + 7] {
+            // Weights are ignored in this mode: make them very unequal.
+            let weights: Vec<f64> = (0..rows).map(|i| 1.0 + (i % 7) as f64 * 100.0).collect();
+            let table = AliasTable::new(&weights).unwrap();
+            let cycles: Vec<Vec<u32>> = (0..3).map(|c| permuted_cycle(&table, 11, c)).collect();
+            for cycle in &cycles {
+                let mut sorted = cycle.clone();
+                sorted.sort_unstable();
+                assert!(sorted.iter().copied().eq(0..rows as u32), "rows={rows}");
+            }
+            if rows >= 1000 {
+                let identity: Vec<u32> = (0..rows as u32).collect();
+                assert_ne!(cycles[0], cycles[1], "rows={rows}: cycles repeat");
+                assert_ne!(cycles[1], cycles[2], "rows={rows}: cycles repeat");
+                assert!(
+                    cycles.iter().all(|c| *c != identity),
+                    "rows={rows}: identity"
+                );
+                assert_ne!(
+                    cycles[0],
+                    permuted_cycle(&table, 12, 0),
+                    "rows={rows}: seeds"
+                );
+            } else if rows > 1 {
+                // Few orders exist: over many cycles, every one of them occurs.
+                let orders: std::collections::HashSet<Vec<u32>> =
+                    (0..200).map(|c| permuted_cycle(&table, 11, c)).collect();
+                assert_eq!(orders.len(), if rows == 2 { 2 } else { 6 }, "rows={rows}");
+            }
+        }
+    }
+
+    /// Pearson's chi-square of `counts` against a uniform expectation, and
+    /// whether it lies within 5 standard deviations of its mean (`df`; sd `sqrt(2 df)`).
+    fn uniform_within_five_sigma(counts: &[u64]) -> (f64, bool) {
+        let total: u64 = counts.iter().sum();
+        let expected = total as f64 / counts.len() as f64;
+        let chi2: f64 = counts
+            .iter()
+            .map(|&c| (c as f64 - expected).powi(2) / expected)
+            .sum();
+        let df = (counts.len() - 1) as f64;
+        (chi2, (chi2 - df).abs() < 5.0 * (2.0 * df).sqrt())
+    }
+
+    #[test]
+    fn over_seeds_a_row_lands_anywhere_and_pairs_are_unbiased() {
+        for rows in [3usize, 10, 1009] {
+            let table = AliasTable::new(&vec![1.0; rows]).unwrap();
+            let mut where_row_0 = vec![0u64; rows];
+            let mut pairs = vec![0u64; rows * rows];
+            let seeds = if rows > 100 { 2_000 } else { 20_000 };
+            for seed in 0..seeds {
+                let cycle = permuted_cycle(&table, seed, seed % 5);
+                let at = cycle.iter().position(|&r| r == 0).unwrap();
+                where_row_0[at] += 1;
+                if rows <= 10 {
+                    for pair in cycle.windows(2) {
+                        pairs[pair[0] as usize * rows + pair[1] as usize] += 1;
+                    }
+                }
+            }
+            let (chi2, ok) = uniform_within_five_sigma(&where_row_0);
+            assert!(ok, "rows={rows}: row 0's position chi2={chi2}");
+            if rows <= 10 {
+                // Ordered pairs of distinct rows (a row never follows itself in a cycle).
+                let distinct: Vec<u64> = (0..rows * rows)
+                    .filter(|i| i / rows != i % rows)
+                    .map(|i| pairs[i])
+                    .collect();
+                let (chi2, ok) = uniform_within_five_sigma(&distinct);
+                assert!(ok, "rows={rows}: adjacent pairs chi2={chi2}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_permutation_position_is_the_same_alone_or_batched() {
+        let table = AliasTable::new(&[1.0; 1000]).unwrap();
+        let order = StreamOrder::new(ShuffleMode::Permutation, 3);
+        for start in [0u64, 999, 1_000_000_000_000, u64::MAX - 1500] {
+            let mut batched = Vec::new();
+            order.rows_at(&table, start..start + 1500, &mut batched);
+            for (i, &row) in batched.iter().enumerate() {
+                assert_eq!(order.row_at(&table, start + i as u64), row as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn shuffle_keys_parse_and_print_compatibly() {
+        let parse = |text: &str| serde_json::from_str::<ShuffleMode>(text);
+        assert_eq!(parse("true").unwrap(), ShuffleMode::Weighted);
+        assert_eq!(parse("false").unwrap(), ShuffleMode::Ordered);
+        assert_eq!(parse("\"permutation\"").unwrap(), ShuffleMode::Permutation);
+        assert!(parse("\"random\"").is_err());
+        assert!(parse("1").is_err());
+        let print = |mode: ShuffleMode| serde_json::to_string(&mode).unwrap();
+        assert_eq!(print(ShuffleMode::Weighted), "true");
+        assert_eq!(print(ShuffleMode::Permutation), "\"permutation\"");
+    }
+
     #[test]
     fn partition_remainder_is_dropped_evenly() {
         let w = StreamWindow::new(100, 10, 1).unwrap();
@@ -696,7 +894,11 @@ mod tests {
         fn batched_draws_equal_single_draws(seed: u64, start in 0u64..1_000_000, n in 0usize..200) {
             let weights: Vec<f64> = (1..300).map(|i| (i % 17 + 1) as f64).collect();
             let table = AliasTable::new(&weights).unwrap();
-            for order in [StreamOrder::new(true, seed), StreamOrder::Sequential] {
+            for order in [
+                StreamOrder::new(ShuffleMode::Weighted, seed),
+                StreamOrder::new(ShuffleMode::Permutation, seed),
+                StreamOrder::Sequential,
+            ] {
                 let mut many = Vec::new();
                 order.rows_at(&table, start..start + n as u64, &mut many);
                 let single: Vec<u32> = (start..start + n as u64)
@@ -711,7 +913,7 @@ mod tests {
             let weights: Vec<f64> = (1..50).map(|i| i as f64).collect();
             let a = AliasTable::new(&weights).unwrap();
             let b = AliasTable::new(&weights).unwrap();
-            let order = StreamOrder::new(true, seed);
+            let order = StreamOrder::new(ShuffleMode::Weighted, seed);
             prop_assert_eq!(order.row_at(&a, k), order.row_at(&b, k));
             prop_assert!(order.row_at(&a, k) < weights.len());
         }

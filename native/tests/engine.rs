@@ -11,7 +11,7 @@ use arrow_array::types::UInt64Type;
 use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, UInt64Array};
 use arrow_schema::{DataType, Field, Schema};
 use dataset_rt_native::population::Population;
-use dataset_rt_native::sampling::{Partition, StreamOrder, StreamWindow};
+use dataset_rt_native::sampling::{Partition, ShuffleMode, StreamOrder, StreamWindow};
 use dataset_rt_native::storage::{
     Cache, CacheSet, CacheWriter, Codec, ColumnSpec, Compression, EncodedRecord, MetaType,
     MetaValue, WriterOptions,
@@ -199,7 +199,7 @@ fn ranks_cover_an_epoch_and_prefetch_never_changes_the_stream() {
     let dir = tempfile::tempdir().unwrap();
     let set = caches(dir.path());
     let population = Arc::new(Population::full(&set).unwrap());
-    let order = StreamOrder::new(true, 11);
+    let order = StreamOrder::new(ShuffleMode::Weighted, 11);
     let epoch = StreamWindow::new(130, 65, 1).unwrap();
     let pool = Arc::new(WorkerPool::new(NonZeroUsize::new(3).unwrap()).unwrap());
     let full = read_ids(
@@ -231,11 +231,12 @@ fn ranks_cover_an_epoch_and_prefetch_never_changes_the_stream() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     #[test]
-    fn windows_concatenate_to_the_stream(start in 0u64..1000, n in 0u64..60, m in 0u64..60, seed: u64, shuffle: bool) {
+    fn windows_concatenate_to_the_stream(start in 0u64..1000, n in 0u64..60, m in 0u64..60, seed: u64, mode in 0usize..3) {
         let dir = tempfile::tempdir().unwrap();
         let set = caches(dir.path());
         let population = Arc::new(Population::full(&set).unwrap());
-        let order = StreamOrder::new(shuffle, seed);
+        let mode = [ShuffleMode::Ordered, ShuffleMode::Weighted, ShuffleMode::Permutation][mode];
+        let order = StreamOrder::new(mode, seed);
         let pool = Arc::new(WorkerPool::new(NonZeroUsize::new(2).unwrap()).unwrap());
         let opts = StreamOptions { batch_rows: NonZeroUsize::new(7).unwrap(), ..StreamOptions::default() };
         let whole = read_ids(&set, &population, order, StreamWindow::new(start, n + m, 1).unwrap(), &pool, opts);

@@ -204,3 +204,28 @@ def _label_counts() -> dict[int, int]:
     for index in range(RECORDS):
         counts[label_of(index)] += 1
     return counts
+
+
+def test_a_permutation_run_draws_every_sample_once_per_cycle(source: LocalSource) -> None:
+    """Permutation mode ignores the weights: expected shares are row shares, and
+    two whole cycles draw every sample exactly twice (no deviation at all)."""
+    population = source.put(balanced(source.metadata()), activate=False)
+    run = RunDescription.new(
+        source,
+        DATASET,
+        seed=SEED,
+        batch_size=RECORDS,
+        epoch_len=2 * RECORDS,
+        population=population,
+        shuffle="permutation",
+    )
+    report = mixture_report(source, run, "label")
+    counts = _label_counts()
+    assert report.shuffle == "permutation"
+    assert report.groups["expected_share"].to_list() == pytest.approx(
+        [counts[label] / RECORDS for label in (0, 1, 2)], rel=1e-12
+    )
+    assert report.groups["observed"].to_list() == [2 * counts[label] for label in (0, 1, 2)]
+    assert report.groups["repeats"].to_list() == [counts[label] for label in (0, 1, 2)]
+    assert report.groups["never_drawn"].to_list() == [0, 0, 0]
+    assert report.max_abs_sigma == pytest.approx(0.0, abs=1e-9)

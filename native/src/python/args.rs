@@ -10,6 +10,7 @@ use pyo3::types::{PyBool, PyInt};
 
 use super::errors::IntoPyResult;
 use crate::error::Error;
+use crate::sampling::ShuffleMode;
 
 pub fn integer(name: &str, value: &Bound<'_, PyAny>, valid: &str) -> PyResult<i128> {
     if value.cast::<PyBool>().is_ok() || value.cast::<PyInt>().is_err() {
@@ -101,5 +102,41 @@ pub fn boolean(name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
             )))
             .py()
         }
+    }
+}
+
+/// A stream mode: `True` (weighted draws), `False` (table order) or
+/// `"permutation"` (every row once per cycle).
+pub fn shuffle_mode(name: &str, value: &Bound<'_, PyAny>) -> PyResult<ShuffleMode> {
+    if let Ok(b) = value.cast::<PyBool>() {
+        return Ok(if b.is_true() {
+            ShuffleMode::Weighted
+        } else {
+            ShuffleMode::Ordered
+        });
+    }
+    match value.extract::<String>() {
+        Ok(text) if text == "permutation" => Ok(ShuffleMode::Permutation),
+        _ => Err(Error::invalid(format!(
+            "'{name}' must be True (weighted draws), False (table order) or \"permutation\" \
+             (every row once per cycle), got {}",
+            value.repr().map(|r| r.to_string()).unwrap_or_default()
+        )))
+        .py(),
+    }
+}
+
+impl<'py> IntoPyObject<'py> for ShuffleMode {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = std::convert::Infallible;
+
+    /// The spelling `shuffle_mode` accepts: a bool, or "permutation".
+    fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, Self::Error> {
+        Ok(match self {
+            ShuffleMode::Weighted => PyBool::new(py, true).to_owned().into_any(),
+            ShuffleMode::Ordered => PyBool::new(py, false).to_owned().into_any(),
+            ShuffleMode::Permutation => pyo3::types::PyString::new(py, "permutation").into_any(),
+        })
     }
 }

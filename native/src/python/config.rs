@@ -6,9 +6,10 @@ use std::num::NonZeroUsize;
 
 use pyo3::prelude::*;
 
-use super::args::{boolean, integer, positive_usize, seed, unsigned};
+use super::args::{boolean, integer, positive_usize, seed, shuffle_mode, unsigned};
 use super::errors::IntoPyResult;
 use crate::error::{Error, Result};
+use crate::sampling::ShuffleMode;
 use crate::storage::{Codec, Compression, WriterOptions};
 
 /// Name the config field an engine rule is about: with the prefix
@@ -29,7 +30,7 @@ pub struct ReaderOptions {
     /// The stream's seed as the unsigned 64-bit value the sampler uses.
     pub seed: u64,
     pub prefetch_size: NonZeroUsize,
-    pub shuffle: bool,
+    pub shuffle: ShuffleMode,
     pub validate_cache: bool,
 }
 
@@ -46,7 +47,7 @@ impl ReaderOptions {
         Ok(ReaderOptions {
             seed: self::seed("ReaderConfig.seed", seed)?,
             prefetch_size: positive_usize("ReaderConfig.prefetch_size", prefetch_size)?,
-            shuffle: boolean("ReaderConfig.shuffle", shuffle)?,
+            shuffle: shuffle_mode("ReaderConfig.shuffle", shuffle)?,
             validate_cache: boolean("ReaderConfig.validate_cache", validate_cache)?,
         })
     }
