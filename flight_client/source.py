@@ -55,6 +55,13 @@ class FlightSource:
             self._opened = (os.getpid(), client)
         return self._opened[1]
 
+    @property
+    def restarts(self) -> int:
+        """Streams this process's client resumed on another location (failovers)."""
+        if self._opened is None or self._opened[0] != os.getpid():
+            return 0
+        return len(self._opened[1].failovers)
+
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_opened"} | {"_opened": None}
 
