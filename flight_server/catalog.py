@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dataset_rt as drt
 from dataset_rt import service as engine
-from flight_server.errors import ProtocolError
+from flight_server.errors import ProtocolError, Redactor
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,11 @@ class Catalog:
         if len(set(names)) != len(names):
             raise ValueError(f"dataset names must be unique, got {names}")
         self.runtime = runtime
+        # The server's own paths, named in what clients see instead.
+        private = {Path(state_dir): "<state>"}
+        for spec in specs:
+            private |= {Path(cache): f"<cache {Path(cache).name}>" for cache in spec.caches}
+        self.redact = Redactor(private)
         self._services = {
             spec.name: engine.DatasetService(
                 runtime.native,

@@ -2,6 +2,10 @@
 
 Without ``--dataset`` it serves an embedded demo dataset, built on first start
 under the data directory and reused afterwards.
+
+SIGTERM or SIGINT stops it: no new calls are accepted, those in flight get
+``--shutdown-grace`` seconds to finish, the streams that remain are cancelled,
+and the process exits 0.
 """
 
 from __future__ import annotations
@@ -12,18 +16,21 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 import dataset_rt as drt
 from flight_server.auth import TokenFile
 from flight_server.catalog import Catalog, DatasetSpec
 from flight_server.demo import DEMO_NAME, ensure_demo_cache
+from flight_server.limits import Limits
 from flight_server.server import DatasetFlightServer
 
 log = logging.getLogger("flight_server")
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+DEFAULTS = Limits()
+SHUTDOWN_GRACE = 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,6 +85,62 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="distinct values counted per population; the rest count as '(other)' (default 64)",
     )
+    limits = parser.add_argument_group(
+        "limits", "what one request, stream or client may cost (docs/flight-protocol.md#limits)"
+    )
+    limits.add_argument(
+        "--max-endpoints",
+        type=int,
+        default=DEFAULTS.max_endpoints,
+        metavar="N",
+        help="most endpoints (world_size) in one get_flight_info answer; larger world sizes "
+        f"write their tickets themselves (default {DEFAULTS.max_endpoints})",
+    )
+    limits.add_argument(
+        "--max-streams",
+        type=int,
+        default=DEFAULTS.max_streams,
+        metavar="N",
+        help=f"do_get streams open at once; more are refused (default {DEFAULTS.max_streams})",
+    )
+    limits.add_argument(
+        "--max-streams-per-client",
+        type=int,
+        default=DEFAULTS.max_streams_per_client,
+        metavar="N",
+        help="do_get streams open at once per client (its token with --token-file, else its "
+        f"address) (default {DEFAULTS.max_streams_per_client})",
+    )
+    limits.add_argument(
+        "--stream-idle-timeout",
+        type=float,
+        default=DEFAULTS.stream_idle_timeout,
+        metavar="SECONDS",
+        help="cancel a stream whose client took no batch for this long "
+        f"(default {DEFAULTS.stream_idle_timeout:g})",
+    )
+    limits.add_argument(
+        "--max-put-rows",
+        type=int,
+        default=DEFAULTS.max_put_rows,
+        metavar="N",
+        help=f"most rows of one do_put table (default {DEFAULTS.max_put_rows})",
+    )
+    limits.add_argument(
+        "--max-put-bytes",
+        type=int,
+        default=DEFAULTS.max_put_bytes,
+        metavar="BYTES",
+        help=f"most Arrow bytes of one do_put table (default {DEFAULTS.max_put_bytes}, 2 GiB)",
+    )
+    limits.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=SHUTDOWN_GRACE,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long calls in flight may finish before the streams left "
+        f"are cancelled (default {SHUTDOWN_GRACE:g})",
+    )
     parser.add_argument(
         "--log-level",
         default="INFO",
@@ -108,6 +171,16 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
         raise ValueError(
             f"--telemetry-column cannot be {args.telemetry_column!r}; name a population column"
         )
+    if not args.shutdown_grace >= 0:
+        raise ValueError(f"--shutdown-grace must be >= 0 seconds, got {args.shutdown_grace}")
+    limits = Limits(
+        max_endpoints=args.max_endpoints,
+        max_streams=args.max_streams,
+        max_streams_per_client=args.max_streams_per_client,
+        stream_idle_timeout=args.stream_idle_timeout,
+        max_put_rows=args.max_put_rows,
+        max_put_bytes=args.max_put_bytes,
+    )
     tokens = TokenFile.load(args.token_file) if args.token_file else None
     host = args.host or "127.0.0.1"
     if not _is_loopback(host) and tokens is None:
@@ -136,7 +209,41 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
         advertise=args.advertise or None,
         telemetry_column=args.telemetry_column,
         telemetry_max_groups=args.telemetry_max_groups,
+        limits=limits,
     )
+
+
+class StopSignals:
+    """SIGINT and SIGTERM, at any moment after construction and whichever thread
+    receives them, end `wait`. Python's C-level handler writes each signal to a
+    pipe (``signal.set_wakeup_fd``) that `wait` reads: a signal that comes before
+    the wait stays in the pipe, and one received by a gRPC or engine thread is
+    not lost (the Python-level handler only runs in the main thread, between
+    bytecodes, which a thread blocked in C never reaches)."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._previous_fd = signal.set_wakeup_fd(self._write)
+        self._previous = {sig: signal.signal(sig, _noted) for sig in STOP_SIGNALS}
+
+    def wait(self) -> signal.Signals:
+        while True:
+            for number in os.read(self._read, 64):
+                if number in STOP_SIGNALS:
+                    return signal.Signals(number)
+
+    def restore(self) -> None:
+        """Back to the handlers before (for a caller that goes on living)."""
+        signal.set_wakeup_fd(self._previous_fd)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        os.close(self._read)
+        os.close(self._write)
+
+
+def _noted(signum: int, frame: object) -> None:
+    """The Python-level handler: nothing to do, the wakeup pipe has the signal."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,20 +251,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    stop_signals = StopSignals()
     try:
         server = build_server(args)
     except (ValueError, OSError, drt.DatasetRTError) as error:
+        stop_signals.restore()
         print(f"error: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # pyarrow raises its own types for bind failures
+        stop_signals.restore()
         print(f"error: cannot start the server: {error}", file=sys.stderr)
         return 2
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     if args.token_file:
         auth = "bearer tokens"
     elif _is_loopback(args.host or "127.0.0.1"):
@@ -170,5 +274,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"print([i.descriptor.path for i in f.connect('{server.location}').list_flights()])\"",
         flush=True,
     )
-    server.serve()
-    return 0
+    received = stop_signals.wait()
+    log.info("%s: stopping (in-flight calls get %g s)", received.name, args.shutdown_grace)
+    if server.stop(args.shutdown_grace):
+        return 0
+    # pyarrow cannot cancel a gRPC write to a client that stopped reading;
+    # leaving the process closes those connections (the clients see UNAVAILABLE).
+    log.warning(
+        "exiting with %d streams still waiting for clients that stopped reading",
+        sum(server.streams.counts().values()),
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,39 +1,141 @@
-"""The one mapping from DatasetRT errors to Flight statuses.
+"""The one mapping from errors to the Flight statuses a client sees.
 
 pyarrow turns ``ArrowInvalid`` into INVALID_ARGUMENT and ``ArrowKeyError`` into
 NOT_FOUND on the wire; the Flight error classes carry the other statuses.
+
+A client sees the message and the status, nothing of the server's insides:
+
+- in the messages of the client's mistakes, the paths of the state directory
+  and the caches are replaced by names (`Redactor`); every message is cut to
+  `MAX_MESSAGE_CHARS` (gRPC refuses larger trailers) and made valid UTF-8 (a
+  lone surrogate from a request would not encode);
+- pyarrow sends any non-Flight exception of a handler with its formatted
+  traceback ("Detail: Python exception: Traceback ... File ..."; the traceback
+  always has pyarrow's own ``_flight.pyx`` frame at least), and it has no other
+  way to send INVALID_ARGUMENT or NOT_FOUND. So those two are raised as
+  `InvalidArgument` and `NotFound`, and `hide_tracebacks` makes
+  ``traceback.format_exception`` (which pyarrow calls for that detail) answer
+  just the status name for them. Every other exception formats as before, and
+  the server's log keeps the whole error.
 """
 
 from __future__ import annotations
+
+import functools
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 import dataset_rt as drt
 
+#: Messages longer than this are cut (gRPC drops trailers over 16 KiB).
+MAX_MESSAGE_CHARS = 2000
+
 
 class ProtocolError(ValueError):
     """A command, ticket or action body that does not follow the protocol."""
 
 
-def to_flight_error(error: Exception) -> Exception:
-    """The exception a handler raises for ``error`` (the client sees its status)."""
+class ClientError:
+    """Mixin of the exceptions a handler raises for the client's mistakes."""
+
+    status = "UNKNOWN"
+
+
+class InvalidArgument(ClientError, pa.ArrowInvalid):  # type: ignore[misc]
+    """Sent as INVALID_ARGUMENT, without the server's traceback."""
+
+    status = "INVALID_ARGUMENT"
+
+
+class NotFound(ClientError, pa.ArrowKeyError):  # type: ignore[misc]
+    """Sent as NOT_FOUND, without the server's traceback."""
+
+    status = "NOT_FOUND"
+
+
+class Redactor:
+    """Replaces the server's own paths in messages by names (``<state>``, ...)."""
+
+    def __init__(self, names: Mapping[Path, str] | None = None) -> None:
+        pairs: dict[str, str] = {}
+        for path, name in (names or {}).items():
+            for form in (str(path), str(path.absolute()), str(path.resolve())):
+                pairs.setdefault(form, name)
+        # Longest first, so that a cache inside the state directory keeps its name.
+        self._pairs = sorted(pairs.items(), key=lambda pair: -len(pair[0]))
+
+    def __call__(self, message: str) -> str:
+        for text, name in self._pairs:
+            message = message.replace(text, name)
+        return message
+
+
+def to_flight_error(error: Exception, redact: Callable[[str], str] | None = None) -> Exception:
+    """The exception a handler raises for ``error`` (the client sees its status).
+
+    ``redact`` hides the server's paths in the messages of the client's mistakes
+    (INTERNAL ones keep naming the damaged file, for the operator)."""
+    if isinstance(error, flight.FlightError):
+        return cast(Exception, error)  # already a status
     message = str(error)
-    status: type[Exception]
+    status: Callable[[str], Exception]
     match error:
         case (
             ProtocolError()
             | drt.InvalidPopulationError()
             | drt.InvalidArgumentError()
             | drt.SchemaMismatchError()
+            | pa.ArrowInvalid()
         ):
-            status = pa.ArrowInvalid  # INVALID_ARGUMENT
-        case drt.NotFoundError():
-            status = pa.ArrowKeyError  # NOT_FOUND
+            status, message = InvalidArgument, redact(message) if redact else message
+        case drt.NotFoundError() | pa.ArrowKeyError():
+            status, message = NotFound, redact(message) if redact else message
         case drt.CorruptCacheError() | drt.CacheIOError():
             status, message = flight.FlightInternalError, f"the server's data is damaged: {message}"
         case drt.InternalError():
             status = flight.FlightInternalError
-        case _:
+        case drt.DatasetRTError():
             status = flight.FlightServerError
-    return status(message)
+        case _:
+            # A bug: its message may hold anything; the server's log has it all.
+            status = flight.FlightServerError
+            message = (
+                f"the server failed to answer ({type(error).__name__}); its log has the details"
+            )
+    return status(_sendable(message))
+
+
+def _sendable(message: str) -> str:
+    """At most `MAX_MESSAGE_CHARS` characters of valid UTF-8."""
+    if len(message) > MAX_MESSAGE_CHARS:
+        cut = len(message) - MAX_MESSAGE_CHARS
+        message = f"{message[:MAX_MESSAGE_CHARS]}... ({cut} more characters)"
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def hide_tracebacks() -> None:
+    """Make pyarrow send `ClientError`s without the server's traceback (idempotent).
+
+    pyarrow formats the detail of a Python exception with
+    ``traceback.format_exception(type, value, tb)``; for a `ClientError` this
+    answers its status name instead, so the client reads
+    ``"<message>. Detail: Python exception: INVALID_ARGUMENT"``.
+    """
+    original = traceback.format_exception
+    if getattr(original, "hides_client_errors", False):
+        return
+
+    @functools.wraps(original)
+    def format_exception(exc: Any, /, *args: Any, **kwargs: Any) -> list[str]:
+        value = args[0] if args else kwargs.get("value", exc)
+        if isinstance(value, ClientError):
+            return [value.status]
+        return original(exc, *args, **kwargs)
+
+    format_exception.hides_client_errors = True  # type: ignore[attr-defined]
+    traceback.format_exception = format_exception

@@ -8,6 +8,7 @@ Stream commands and tickets are the engine's own type, parsed in Rust:
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -18,18 +19,41 @@ from flight_server.errors import ProtocolError
 T = TypeVar("T")
 
 U64 = 2**64
+MAX_INTEGER_DIGITS = len(str(U64 - 1))
 
 
 def _decode(raw: bytes, what: str) -> dict[str, Any]:
+    """A JSON object of at most `MAX_MESSAGE_BYTES`, flat enough, with integers
+    of at most `MAX_INTEGER_DIGITS` digits, checked before anything big is built."""
     if len(raw) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"the {what} is {len(raw)} bytes; at most {MAX_MESSAGE_BYTES} allowed")
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ProtocolError(f"the {what} is not UTF-8 JSON: {error}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ProtocolError(
+            f"the {what} is not UTF-8: byte {error.start} is invalid; send UTF-8 JSON"
+        ) from None
+    try:
+        value = json.loads(text, parse_int=functools.partial(_integer, what=what))
+    except json.JSONDecodeError as error:
+        raise ProtocolError(f"the {what} is not JSON: {error}") from None
+    except RecursionError:
+        raise ProtocolError(
+            f"the {what} nests too deeply; it must be a JSON object of plain values"
+        ) from None
     if not isinstance(value, dict):
         raise ProtocolError(f"the {what} must be a JSON object, got {type(value).__name__}")
     return value
+
+
+def _integer(digits: str, *, what: str) -> int:
+    """A JSON integer, refused before Python converts a huge one."""
+    if len(digits.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise ProtocolError(
+            f"the {what} has an integer of {len(digits.lstrip('-'))} digits; integers here "
+            f"are at most {U64 - 1} ({MAX_INTEGER_DIGITS} digits)"
+        )
+    return int(digits)
 
 
 class _Fields:
@@ -52,6 +76,8 @@ class _Fields:
         value = self._get(key, required)
         if value is not None and not isinstance(value, str):
             raise ProtocolError(f"'{key}' must be a string, got {json.dumps(value)}")
+        if value is not None and not _is_unicode(value):
+            raise ProtocolError(f"'{key}' is not valid Unicode (it has a lone surrogate)")
         return value
 
     def integer(
@@ -117,6 +143,14 @@ class ActionBody:
         )
         fields.finish()
         return body
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _required(value: T | None) -> T:

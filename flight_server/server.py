@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -17,16 +18,23 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.flight as flight
 
+import dataset_rt as drt
 from dataset_rt import service as engine
 from flight_server.auth import BearerAuthFactory, TokenFile, require_admin
 from flight_server.catalog import Catalog
-from flight_server.errors import ProtocolError, to_flight_error
+from flight_server.errors import ProtocolError, hide_tracebacks, to_flight_error
+from flight_server.limits import ClientKeyFactory, Limits, StreamSlots, client_of
 from flight_server.protocol import ActionBody, PutCommand
 from flight_server.telemetry import StreamCounter, Telemetry
 
 log = logging.getLogger("flight_server")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: FlightInfo.total_records is an int64; a longer epoch is reported as -1 (unknown).
+INT64_MAX = 2**63 - 1
+#: After the shutdown grace, how long cancelled streams get to notice it.
+CANCEL_WAIT = 1.0
 
 ACTIONS = {
     "set_epoch_len": 'set the active epoch length: {"dataset", "epoch_len"} (admin)',
@@ -38,17 +46,26 @@ ACTIONS = {
 
 
 def _flight_errors(handler: F) -> F:
-    """Translate DatasetRT and protocol errors into Flight statuses (one place)."""
+    """Translate DatasetRT and protocol errors into Flight statuses (one place).
+
+    The client gets the status and the message (`flight_server.errors`); the
+    log keeps the error, with its traceback when it is the server's fault."""
 
     @functools.wraps(handler)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
+    def wrapped(self: DatasetFlightServer, *args: Any, **kwargs: Any) -> Any:
         try:
-            return handler(*args, **kwargs)
-        except (flight.FlightError, pa.ArrowException):
-            raise
+            return handler(self, *args, **kwargs)
         except Exception as error:
-            log.info("%s rejected: %s", handler.__name__, error)
-            raise to_flight_error(error) from None
+            mapped = to_flight_error(error, self.catalog.redact)
+            if not isinstance(mapped, flight.FlightInternalError | flight.FlightServerError):
+                log.info("%s rejected: %s", handler.__name__, error)  # the client's mistake
+            elif isinstance(error, drt.DatasetRTError | flight.FlightError):
+                log.warning("%s failed: %s", handler.__name__, error)
+            else:  # a bug: the whole error, for the operator
+                log.error("%s failed", handler.__name__, exc_info=error)
+            if mapped is error:
+                raise
+            raise mapped from None
 
     return wrapped  # type: ignore[return-value]
 
@@ -68,10 +85,16 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         prefetch_size: int = 256,
         telemetry_column: str | None = None,
         telemetry_max_groups: int = 64,
+        limits: Limits | None = None,
     ) -> None:
-        # First, so that bad telemetry options fail before a port is bound.
+        # First, so that bad options fail before a port is bound.
         self.telemetry = Telemetry(telemetry_column, telemetry_max_groups)
-        middleware = {"auth": BearerAuthFactory(tokens)} if tokens else None
+        self.limits = limits or Limits()
+        self.streams = StreamSlots(self.limits)
+        hide_tracebacks()
+        middleware = (
+            {"auth": BearerAuthFactory(tokens), "client": ClientKeyFactory()} if tokens else None
+        )
         super().__init__(location, tls_certificates=tls_certificates or [], middleware=middleware)
         parts = urlsplit(location)
         self.location = f"{parts.scheme}://{parts.hostname}:{self.port}"
@@ -101,17 +124,25 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
             if len(descriptor.path) != 1:
                 raise ProtocolError("a path descriptor names one dataset: [NAME]")
-            return self._dataset_info(descriptor.path[0].decode())
+            return self._dataset_info(_utf8(descriptor.path[0], "the dataset name"))
         request = engine.StreamRequest.from_command(descriptor.command)
+        limit = self.limits.max_endpoints
+        if request.world_size > limit:
+            raise ProtocolError(
+                f"world_size {request.world_size} asks for {request.world_size} endpoints; this "
+                f"server answers at most {limit} (--max-endpoints {limit}). A ticket is the "
+                "command plus 'rank', the same at any world size: ask with world_size 1 and "
+                "write each rank's ticket from that endpoint's ticket"
+            )
         service = self.catalog.get(request.dataset)
         pinned = service.pin(request)
         endpoints = [
             flight.FlightEndpoint(pinned.for_rank(rank).to_json(), self.locations)
             for rank in range(pinned.world_size)
         ]
-        return flight.FlightInfo(
-            _schema(service, pinned), descriptor, endpoints, pinned.epoch_len or 0, -1
-        )
+        epoch_len = pinned.epoch_len or 0
+        total_records = epoch_len if epoch_len <= INT64_MAX else -1
+        return flight.FlightInfo(_schema(service, pinned), descriptor, endpoints, total_records, -1)
 
     def _dataset_info(self, name: str) -> flight.FlightInfo:
         service = self.catalog.get(name)
@@ -131,26 +162,34 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     @_flight_errors
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
         parsed = engine.parse_ticket(ticket.ticket)
-        if isinstance(parsed, engine.MetadataRequest):
-            service = self.catalog.get(parsed.dataset)
-            return flight.RecordBatchStream(pa.table(service.metadata(parsed.population)))
         service = self.catalog.get(parsed.dataset)
-        # Pinned here, so that telemetry counts the stream under the population
-        # it reads even when the ticket names none (streaming a pinned request is
-        # the same stream: the engine pins it alike).
-        request = service.pin(parsed)
-        request, added = self._with_telemetry_column(service, request)
-        stream = service.stream(
-            request, batch_size=self._batch_size, prefetch_size=self._prefetch_size
-        )
-        reader = pa.RecordBatchReader.from_stream(stream)
-        counter = self.telemetry.open(
-            request.dataset, request.population or "", reader.schema, drop=added
-        )
+        # Admitted before any work: a refused stream costs nothing.
+        slot = self.streams.admit(client_of(context))
+        try:
+            if isinstance(parsed, engine.MetadataRequest):
+                table = pa.table(service.metadata(parsed.population))
+                return flight.GeneratorStream(table.schema, slot.feed(iter(table.to_batches())))
+            # Pinned here, so that telemetry counts the stream under the population
+            # it reads even when the ticket names none (streaming a pinned request is
+            # the same stream: the engine pins it alike).
+            request = service.pin(parsed)
+            request, added = self._with_telemetry_column(service, request)
+            stream = service.stream(
+                request, batch_size=self._batch_size, prefetch_size=self._prefetch_size
+            )
+            reader = pa.RecordBatchReader.from_stream(stream)
+            counter = self.telemetry.open(
+                request.dataset, request.population or "", reader.schema, drop=added
+            )
+        except BaseException:
+            slot.end()
+            raise
         # A GeneratorStream, not RecordBatchStream(reader): an error raised by the
         # generator keeps its Flight status (INTERNAL for damage), where one met
-        # inside a C stream reader would leave as INVALID_ARGUMENT or UNKNOWN.
-        return flight.GeneratorStream(counter.schema, _mid_stream_errors(reader, stream, counter))
+        # inside a C stream reader would leave as INVALID_ARGUMENT or UNKNOWN; and
+        # the slot sees every batch taken (the idle deadline, `flight_server.limits`).
+        batches = _mid_stream_errors(reader, stream, counter, self.catalog.redact)
+        return flight.GeneratorStream(counter.schema, slot.feed(batches))
 
     def _with_telemetry_column(
         self, service: engine.DatasetService, request: engine.StreamRequest
@@ -184,12 +223,64 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             raise ProtocolError('do_put needs a command descriptor: {"dataset", "activate"?}')
         command = PutCommand.parse(descriptor.command)
         service = self.catalog.get(command.dataset)
-        table = reader.read_all()
+        table = self._read_put(reader)
         population, rows = service.put(table, command.activate)
         epoch_len = service.active().epoch_len if command.activate else rows
         log.info("%s: stored population %s (%d rows)", command.dataset, population, rows)
         answer = {"population": population, "rows": rows, "epoch_len": epoch_len}
         writer.write(pa.py_buffer(json.dumps(answer).encode()))
+
+    def _read_put(self, reader: flight.MetadataRecordBatchReader) -> pa.Table:
+        """The put's table, read batch by batch and refused as soon as it passes
+        ``--max-put-rows`` or ``--max-put-bytes`` (before it is read whole)."""
+        schema = reader.schema
+        if len(schema) == 0:
+            raise ProtocolError(
+                "the table has no columns; a population table has 'cache_id', 'sample_id', "
+                "'weight' and the stored columns (a metadata ticket returns one to edit)"
+            )
+        limits = self.limits
+        batches: list[pa.RecordBatch] = []
+        rows = size = 0
+        for chunk in reader:
+            if chunk.data is None:
+                continue
+            batches.append(chunk.data)
+            rows += chunk.data.num_rows
+            size += chunk.data.nbytes
+            if rows > limits.max_put_rows:
+                raise ProtocolError(
+                    f"the table has more than {limits.max_put_rows} rows, the most this server "
+                    f"takes in one do_put (--max-put-rows {limits.max_put_rows})"
+                )
+            if size > limits.max_put_bytes:
+                raise ProtocolError(
+                    f"the table has more than {limits.max_put_bytes} bytes of Arrow data, the "
+                    f"most this server takes in one do_put (--max-put-bytes {limits.max_put_bytes})"
+                )
+        return pa.Table.from_batches(batches, schema=schema)
+
+    # -- shutdown ---------------------------------------------------------------
+
+    def stop(self, grace: float) -> bool:
+        """Stop accepting calls, let those in flight finish for up to ``grace``
+        seconds, then cancel the streams that remain (UNAVAILABLE: their clients
+        resume on another replica). True when every call has ended.
+
+        A stream blocked in a gRPC write to a client that stopped reading cannot
+        be cancelled from Python: then this answers False, and the caller may
+        exit the process anyway (which closes the connections)."""
+        done = threading.Event()
+
+        def shutdown() -> None:  # gRPC stops accepting calls at once, then waits for them
+            self.shutdown()
+            done.set()
+
+        threading.Thread(target=shutdown, name="flight-shutdown", daemon=True).start()
+        if done.wait(grace):
+            return True
+        self.streams.close("the server is shutting down; resume the stream on another replica")
+        return done.wait(CANCEL_WAIT)
 
     # -- actions ----------------------------------------------------------------
 
@@ -246,13 +337,23 @@ def _schema(service: engine.DatasetService, request: engine.StreamRequest) -> pa
     return pa.table(service.schema(request)).schema
 
 
+def _utf8(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{what} is not UTF-8") from None
+
+
 def _mid_stream_errors(
-    reader: pa.RecordBatchReader, stream: engine.BatchStream, counter: StreamCounter
+    reader: pa.RecordBatchReader,
+    stream: engine.BatchStream,
+    counter: StreamCounter,
+    redact: Callable[[str], str],
 ) -> Iterator[pa.RecordBatch]:
     """The reader's batches, each counted as it is sent. A failure met while
     streaming (a corrupt record, a failed worker) gets the status of its error
     class: INTERNAL for damage and internal failures, so that the client resumes
-    on another replica."""
+    on another replica. Closing the generator closes the native stream."""
     try:
         for batch in reader:
             yield counter.count(batch)
@@ -261,6 +362,8 @@ def _mid_stream_errors(
             stream.raise_failure()
         except Exception as typed:
             log.warning("do_get failed while streaming: %s", typed)
-            raise to_flight_error(typed) from None
+            raise to_flight_error(typed, redact) from None
         log.warning("do_get failed while streaming: %s", error)
         raise flight.FlightInternalError(f"the stream failed: {error}") from None
+    finally:
+        reader.close()

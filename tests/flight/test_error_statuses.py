@@ -52,7 +52,7 @@ def test_each_error_class_maps_to_one_status(
     error: type[Exception], status: type[Exception]
 ) -> None:
     mapped = to_flight_error(error("what went wrong"))
-    assert type(mapped) is status
+    assert isinstance(mapped, status)
     assert "what went wrong" in str(mapped)
 
 

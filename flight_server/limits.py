@@ -1,0 +1,326 @@
+"""What one request, one stream or one client may cost the server.
+
+`Limits` holds the bounds (the ``--max-*`` options, defaults in
+docs/flight-protocol.md#limits). `StreamSlots` admits ``do_get`` streams, in total
+and per client, and cancels a stream whose client stopped taking batches.
+
+pyarrow has no RESOURCE_EXHAUSTED: over-limit streams are refused with UNAVAILABLE
+(`flight.FlightUnavailableError`), which clients retry later or on another replica.
+
+A stream's idle clock runs while a batch is with the client: from when the
+server hands gRPC a batch until gRPC asks for the next one (it asks once the
+client has taken enough of what was sent). When the clock passes the timeout, the
+stream is cancelled: its native stream (workers, prefetched batches) is closed
+and its slot in the server's total is free. pyarrow cannot cancel a gRPC write
+from Python, so the call's thread and the one batch in its write buffer stay
+until the client reads again (it then gets DEADLINE_EXCEEDED) or goes away:
+until then such a *stalled* stream still counts against its client's limit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+#: The option that sets each limit, for messages.
+OPTIONS = {
+    "max_endpoints": "--max-endpoints",
+    "max_streams": "--max-streams",
+    "max_streams_per_client": "--max-streams-per-client",
+    "stream_idle_timeout": "--stream-idle-timeout",
+    "max_put_rows": "--max-put-rows",
+    "max_put_bytes": "--max-put-bytes",
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server's bounds; every value must be positive."""
+
+    #: endpoints in one ``get_flight_info`` answer (= its ``world_size``)
+    max_endpoints: int = 65_536
+    #: ``do_get`` streams open at once, in total and per client
+    max_streams: int = 64
+    max_streams_per_client: int = 16
+    #: seconds a stream may wait for its client to take a batch
+    stream_idle_timeout: float = 60.0
+    #: rows and Arrow bytes of one ``do_put`` table
+    max_put_rows: int = 50_000_000
+    max_put_bytes: int = 2 * 1024**3
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{OPTIONS[field.name]} must be a positive number, got {value!r}")
+
+
+class StreamSlots:
+    """The ``do_get`` streams of one server: admission, idle deadlines, shutdown."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._open: set[Stream] = set()
+        self._per_client: Counter[str] = Counter()
+        self._stalled = 0
+        self._closed: str | None = None  # why new streams are refused
+        self._watchdog: threading.Thread | None = None
+
+    def admit(self, client: str) -> Stream:
+        """A slot for a new stream of ``client``, or UNAVAILABLE naming the limit."""
+        limits = self.limits
+        with self._lock:
+            if self._closed is not None:
+                raise flight.FlightUnavailableError(self._closed)
+            if self._per_client[client] >= limits.max_streams_per_client:
+                raise flight.FlightUnavailableError(
+                    f"this client has {self._per_client[client]} streams, the limit per client "
+                    f"(--max-streams-per-client {limits.max_streams_per_client}), counting those "
+                    "cancelled while it did not read; read or close them first"
+                )
+            if len(self._open) >= limits.max_streams:
+                raise flight.FlightUnavailableError(
+                    f"the server has {len(self._open)} streams open, its limit "
+                    f"(--max-streams {limits.max_streams}); retry later or on another replica"
+                )
+            stream = Stream(self, client)
+            self._open.add(stream)
+            self._per_client[client] += 1
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(
+                    target=self._watch, name="stream-deadlines", daemon=True
+                )
+                self._watchdog.start()
+        return stream
+
+    def counts(self) -> dict[str, int]:
+        """``{"open", "stalled"}``: streams holding a slot, and cancelled ones whose
+        gRPC call has not ended yet."""
+        with self._lock:
+            return {"open": len(self._open), "stalled": self._stalled}
+
+    def close(self, reason: str) -> None:
+        """Refuse new streams and cancel the open ones, UNAVAILABLE with ``reason``."""
+        with self._lock:
+            self._closed = reason
+            streams = list(self._open)
+        for stream in streams:
+            stream.cancel(flight.FlightUnavailableError(reason))
+
+    def _watch(self) -> None:
+        """Cancel idle streams; runs while any stream is open."""
+        timeout = self.limits.stream_idle_timeout
+        interval = min(1.0, max(0.05, timeout / 4))
+        while True:
+            with self._lock:
+                if not self._open:
+                    self._watchdog = None
+                    return
+                streams = list(self._open)
+            now = time.monotonic()
+            for stream in streams:
+                stream.expire(now, timeout)
+            time.sleep(interval)
+
+    def _release(self, stream: Stream, *, stalled: bool) -> None:
+        """Free ``stream``'s slot; ``stalled``: its gRPC call goes on for now."""
+        with self._lock:
+            self._account(stream, stalled=stalled)
+            idle = not self._open
+        if idle:
+            _return_memory()
+
+    def _account(self, stream: Stream, *, stalled: bool) -> None:
+        # A stalled stream leaves the total at once but stays its client's until
+        # its call ends: an idle client does not get new slots by idling.
+        if stream in self._open:
+            self._open.discard(stream)
+            if stalled:
+                stream.stalled = True
+                self._stalled += 1
+                return
+        elif stream.stalled and not stalled:
+            stream.stalled = False
+            self._stalled -= 1
+        else:
+            return
+        self._per_client[stream.client] -= 1
+        if not self._per_client[stream.client]:
+            del self._per_client[stream.client]
+
+
+class Stream:
+    """One admitted ``do_get``. `feed` gives pyarrow its batches; the stream ends
+    when they end, fail, or pyarrow drops the feed (the client went away)."""
+
+    def __init__(self, slots: StreamSlots, client: str) -> None:
+        self.client = client
+        self.stalled = False
+        self._slots = slots
+        # Held while the server works on the stream (never while gRPC writes).
+        self._guard = threading.RLock()
+        self._source: Iterator[pa.RecordBatch] | None = None
+        self._with_client_since: float | None = time.monotonic()
+        self._cancelled: flight.FlightError | None = None
+        self._ended = False
+
+    def feed(self, source: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The iterator to hand to ``flight.GeneratorStream``."""
+        self._source = source
+        return _Feed(self)
+
+    def next_batch(self) -> pa.RecordBatch:
+        with self._guard:
+            self._with_client_since = None
+            if self._cancelled is not None:
+                self.end()
+                raise self._cancelled
+            if self._source is None:  # pragma: no cover - feed() comes first
+                raise StopIteration
+            try:
+                batch = next(self._source)
+            except BaseException:
+                self.end()
+                raise
+            self._with_client_since = time.monotonic()
+            return batch
+
+    def expire(self, now: float, timeout: float) -> None:
+        """Cancel the stream if its client has held a batch for ``timeout`` s."""
+        if not self._guard.acquire(blocking=False):
+            return  # the server is producing a batch: the client is not the hold-up
+        try:
+            since = self._with_client_since
+            if self._cancelled is None and since is not None and now - since >= timeout:
+                self._cancel(
+                    flight.FlightTimedOutError(
+                        f"the stream was cancelled: its client took no batch for {timeout:g} s "
+                        "(--stream-idle-timeout); resume it with 'offset' set to the samples "
+                        "received"
+                    )
+                )
+        finally:
+            self._guard.release()
+
+    def cancel(self, error: flight.FlightError) -> None:
+        """End the stream with ``error`` at its next batch; free it now if idle."""
+        if self._guard.acquire(timeout=1.0):
+            try:
+                if self._cancelled is None:
+                    self._cancel(error)
+            finally:
+                self._guard.release()
+        else:  # busy producing a batch: it sees the flag when it asks for the next one
+            self._cancelled = error
+
+    def end(self) -> None:
+        """Close the source and free the slot (idempotent)."""
+        with self._guard:
+            if self._ended:
+                return
+            self._ended = True
+            self._close_source()
+        self._slots._release(self, stalled=False)
+
+    def _cancel(self, error: flight.FlightError) -> None:
+        if self._ended:
+            return
+        self._cancelled = error
+        self._close_source()
+        self._slots._release(self, stalled=True)
+
+    def _close_source(self) -> None:
+        source, self._source = self._source, None
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+
+
+class _Feed:
+    """What pyarrow iterates. pyarrow drops it when the call ends, also when the
+    stream never started (the client left at once): then the stream ends too."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> _Feed:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        return self._stream.next_batch()
+
+    def __del__(self) -> None:
+        self._stream.end()
+
+
+def _libc_malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):  # not glibc
+        return None
+
+
+_malloc_trim = _libc_malloc_trim()
+_trimmed = [0.0]
+
+
+def _return_memory() -> None:
+    """Hand the heap that ended streams freed back to the OS, at most once a second.
+
+    glibc keeps freed memory in its per-thread arenas, and streams free it from
+    many threads (gRPC's, the engine's): without a trim the server's RSS stays
+    at its peak after a burst of streams (~6 MiB per stream)."""
+    now = time.monotonic()
+    if _malloc_trim is None or now - _trimmed[0] < 1.0:
+        return
+    _trimmed[0] = now
+    _malloc_trim(0)
+
+
+# -- who is a client ---------------------------------------------------------------
+
+
+class ClientKey(flight.ServerMiddleware):  # type: ignore[misc]
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+class ClientKeyFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
+    """With bearer tokens, a client is its token (a digest of it: the key is never
+    the secret)."""
+
+    def start_call(self, info: Any, headers: dict[str, list[str]]) -> ClientKey | None:
+        values = headers.get("authorization", [])
+        if not values:
+            return None
+        return ClientKey("token:" + hashlib.sha256(values[0].encode()).hexdigest()[:16])
+
+
+def client_of(context: Any) -> str:
+    """The client a call counts against: its token with auth on, else its address."""
+    key = context.get_middleware("client")
+    if key is not None:
+        return str(key.key)
+    return peer_address(str(context.peer()))
+
+
+def peer_address(peer: str) -> str:
+    """The peer without its port: ``ipv4:127.0.0.1:5123`` -> ``ipv4:127.0.0.1``."""
+    kind, _, address = peer.partition(":")
+    host, sep, port = address.rpartition(":")
+    if kind in ("ipv4", "ipv6") and sep and port.isdigit():
+        return f"{kind}:{host}"
+    return peer
