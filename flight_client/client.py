@@ -154,6 +154,11 @@ class DatasetClient:
         answer = self._action("set_epoch_len", {"dataset": dataset, "epoch_len": epoch_len})
         return int(answer["epoch_len"])
 
+    def remove_population(self, dataset: str, population: str) -> None:
+        """Delete a stored population that is not active (admin); tickets that
+        pin it get NOT_FOUND from then on."""
+        self._action("remove_population", {"dataset": dataset, "population": population})
+
     # -- epochs -----------------------------------------------------------------
 
     def epoch_info(
@@ -194,6 +199,30 @@ class DatasetClient:
         descriptor = flight.FlightDescriptor.for_command(request.to_json())
         return self._call("get_flight_info", descriptor)
 
+    def pin(self, request: StreamRequest) -> tuple[StreamRequest, list[str]]:
+        """``request`` as the server pins it (its population and epoch length
+        filled in), as rank 0's ticket, and the locations that serve it.
+
+        The server is asked at world size 1 and the ticket rewritten to the
+        request's world size: a ticket is the command plus its rank at any world
+        size, so the answer stays one endpoint however many ranks the job has
+        (a server answers at most ``--max-endpoints``, and every rank asking for
+        every rank's endpoint would cost the server the square of the ranks)."""
+        keys = json.loads(request.to_json())
+        world_size = keys["world_size"]
+        command = {k: v for k, v in keys.items() if k not in ("rank", "offset")}
+        info = self.flight_info(StreamRequest(**(command | {"world_size": 1})))
+        endpoint = info.endpoints[0]
+        ticket = parse_ticket(endpoint.ticket.ticket)
+        if not isinstance(ticket, StreamRequest) or ticket.population is None:
+            raise EveryLocationFailedError(f"the server answered with an unpinned {ticket!r}")
+        pinned = StreamRequest(**(json.loads(ticket.to_json()) | {"world_size": world_size}))
+        locations = [
+            loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
+            for loc in endpoint.locations
+        ]
+        return pinned, locations
+
     def epoch(
         self,
         dataset: str,
@@ -223,40 +252,24 @@ class DatasetClient:
         """
         # The request's own rules (rank < world_size, ...) are checked here, in
         # the engine, before anything is sent.
-        StreamRequest(
+        request = StreamRequest(
             dataset=dataset,
             seed=seed,
             epoch=epoch,
+            shuffle=shuffle,
             world_size=world_size,
-            rank=rank,
             start=start,
             stop=stop,
             block=block,
+            columns=list(columns),
+            epoch_len=epoch_len,
+            population=population,
+            payload=payload,
+            rank=rank,
             offset=offset,
         )
-        info = self.epoch_info(
-            dataset,
-            seed,
-            epoch,
-            world_size=world_size,
-            start=start,
-            stop=stop,
-            block=block,
-            epoch_len=epoch_len,
-            shuffle=shuffle,
-            population=population,
-            columns=columns,
-            payload=payload,
-        )
-        endpoint = info.endpoints[rank]
-        ticket = parse_ticket(endpoint.ticket.ticket)
-        if not isinstance(ticket, StreamRequest):
-            raise EveryLocationFailedError(f"the server answered a stream request with {ticket!r}")
-        ticket = ticket.resumed(offset)
-        advertised = [
-            loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
-            for loc in endpoint.locations
-        ]
+        pinned, advertised = self.pin(request)
+        ticket = pinned.for_rank(rank).resumed(offset)
         # The endpoint's replicas first, then the client's own locations.
         locations = list(dict.fromkeys(advertised + self.locations))
         # Spread ranks over the replicas: rank r starts at location r mod n.

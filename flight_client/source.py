@@ -13,8 +13,8 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from dataset_rt.service import StreamRequest, parse_ticket
-from flight_client.client import DatasetClient, EveryLocationFailedError
+from dataset_rt.service import StreamRequest
+from flight_client.client import DatasetClient
 
 
 class FlightSource:
@@ -66,11 +66,7 @@ class FlightSource:
         return {k: v for k, v in self.__dict__.items() if k != "_opened"} | {"_opened": None}
 
     def resolve(self, request: StreamRequest) -> StreamRequest:
-        info = self.client.flight_info(request)
-        ticket = parse_ticket(info.endpoints[0].ticket.ticket)
-        if not isinstance(ticket, StreamRequest) or ticket.population is None:
-            raise EveryLocationFailedError(f"the server answered with an unpinned {ticket!r}")
-        return ticket
+        return self.client.pin(request)[0]
 
     def open(
         self, request: StreamRequest, *, batch_rows: int | None = None

@@ -46,6 +46,7 @@ class Catalog:
         if len(set(names)) != len(names):
             raise ValueError(f"dataset names must be unique, got {names}")
         self.runtime = runtime
+        self.state_dir = Path(state_dir)
         # The server's own paths, named in what clients see instead.
         private = {Path(state_dir): "<state>"}
         for spec in specs:

@@ -24,6 +24,8 @@ from flight_server.auth import TokenFile
 from flight_server.catalog import Catalog, DatasetSpec
 from flight_server.demo import DEMO_NAME, ensure_demo_cache
 from flight_server.limits import Limits
+from flight_server.logs import configure as configure_logging
+from flight_server.probes import ProbeServer, readiness
 from flight_server.server import DatasetFlightServer
 
 log = logging.getLogger("flight_server")
@@ -141,11 +143,36 @@ def _parser() -> argparse.ArgumentParser:
         help="on SIGTERM/SIGINT, how long calls in flight may finish before the streams left "
         f"are cancelled (default {SHUTDOWN_GRACE:g})",
     )
-    parser.add_argument(
+    signals = parser.add_argument_group(
+        "signals", "metrics, probes and logs for operators (docs/operations.md)"
+    )
+    signals.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve HTTP /metrics (Prometheus), /healthz and /readyz on this port "
+        "(0 = any free port; default: off)",
+    )
+    signals.add_argument(
+        "--metrics-host",
+        default=None,
+        metavar="ADDRESS",
+        help="address of the metrics port (default: the --host address)",
+    )
+    signals.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="log lines for people (text, default) or machines (json: one object per line, "
+        "one line per request with its fields)",
+    )
+    signals.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level (default INFO)",
+        help="logging level (default INFO; WARNING leaves out the line of each request "
+        "that succeeded)",
     )
     return parser
 
@@ -171,6 +198,8 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
         raise ValueError(
             f"--telemetry-column cannot be {args.telemetry_column!r}; name a population column"
         )
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise ValueError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
     if not args.shutdown_grace >= 0:
         raise ValueError(f"--shutdown-grace must be >= 0 seconds, got {args.shutdown_grace}")
     limits = Limits(
@@ -246,14 +275,27 @@ def _noted(signum: int, frame: object) -> None:
     """The Python-level handler: nothing to do, the wakeup pipe has the signal."""
 
 
+def start_probes(args: argparse.Namespace, server: DatasetFlightServer) -> ProbeServer | None:
+    """The HTTP side port of ``--metrics-port``, or None when it is off."""
+    if args.metrics_port is None:
+        return None
+    host = args.metrics_host or args.host or "127.0.0.1"
+    return ProbeServer(
+        host,
+        args.metrics_port,
+        server.metrics.exposition,
+        readiness(server.catalog, server.catalog.state_dir),
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level, args.log_format)
     stop_signals = StopSignals()
+    probes = None
     try:
         server = build_server(args)
+        probes = start_probes(args, server)
     except (ValueError, OSError, drt.DatasetRTError) as error:
         stop_signals.restore()
         print(f"error: {error}", file=sys.stderr)
@@ -269,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         auth = "no auth"
     print(f"serving {', '.join(server.catalog.names())} at {server.location} ({auth})", flush=True)
+    if probes is not None:
+        print(f"metrics and probes at {probes.url} (/metrics, /healthz, /readyz)", flush=True)
     print(
         'try: python -c "import pyarrow.flight as f; '
         f"print([i.descriptor.path for i in f.connect('{server.location}').list_flights()])\"",
@@ -276,7 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     received = stop_signals.wait()
     log.info("%s: stopping (in-flight calls get %g s)", received.name, args.shutdown_grace)
-    if server.stop(args.shutdown_grace):
+    stopped = server.stop(args.shutdown_grace)
+    if probes is not None:
+        probes.close()
+    if stopped:
         return 0
     # pyarrow cannot cancel a gRPC write to a client that stopped reading;
     # leaving the process closes those connections (the clients see UNAVAILABLE).

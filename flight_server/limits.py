@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -160,6 +160,18 @@ class StreamSlots:
             del self._per_client[stream.client]
 
 
+class StreamWatch(Protocol):
+    """What observes a stream (`flight_server.metrics.StreamObservation`)."""
+
+    def batch(self, batch: pa.RecordBatch) -> None: ...
+
+    def end(self, error: BaseException | None) -> None: ...
+
+
+#: How a stream ends when pyarrow drops its feed first: its client went away.
+DROPPED = flight.FlightCancelledError("the client went away before the stream ended")
+
+
 class Stream:
     """One admitted ``do_get``. `feed` gives pyarrow its batches; the stream ends
     when they end, fail, or pyarrow drops the feed (the client went away)."""
@@ -173,26 +185,36 @@ class Stream:
         self._source: Iterator[pa.RecordBatch] | None = None
         self._with_client_since: float | None = time.monotonic()
         self._cancelled: flight.FlightError | None = None
+        self._watch: StreamWatch | None = None
         self._ended = False
 
-    def feed(self, source: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """The iterator to hand to ``flight.GeneratorStream``."""
+    def feed(
+        self, source: Iterator[pa.RecordBatch], watch: StreamWatch | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """The iterator to hand to ``flight.GeneratorStream``; ``watch`` sees each
+        batch handed to gRPC and, once, how the stream ended."""
         self._source = source
+        self._watch = watch
         return _Feed(self)
 
     def next_batch(self) -> pa.RecordBatch:
         with self._guard:
             self._with_client_since = None
             if self._cancelled is not None:
-                self.end()
+                self.end(self._cancelled)
                 raise self._cancelled
             if self._source is None:  # pragma: no cover - feed() comes first
                 raise StopIteration
             try:
                 batch = next(self._source)
-            except BaseException:
-                self.end()
+            except StopIteration:
+                self.end(None)
                 raise
+            except BaseException as error:
+                self.end(error)
+                raise
+            if self._watch is not None:
+                self._watch.batch(batch)
             self._with_client_since = time.monotonic()
             return batch
 
@@ -224,13 +246,16 @@ class Stream:
         else:  # busy producing a batch: it sees the flag when it asks for the next one
             self._cancelled = error
 
-    def end(self) -> None:
-        """Close the source and free the slot (idempotent)."""
+    def end(self, outcome: BaseException | None = DROPPED) -> None:
+        """Close the source and free the slot (idempotent). ``outcome`` is what
+        the client got (None: every batch); the default is for a feed pyarrow
+        dropped before the stream ended (the client went away)."""
         with self._guard:
             if self._ended:
                 return
             self._ended = True
             self._close_source()
+        self._report(outcome)
         self._slots._release(self, stalled=False)
 
     def _cancel(self, error: flight.FlightError) -> None:
@@ -238,7 +263,13 @@ class Stream:
             return
         self._cancelled = error
         self._close_source()
+        self._report(error)
         self._slots._release(self, stalled=True)
+
+    def _report(self, outcome: BaseException | None) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.end(outcome)
 
     def _close_source(self) -> None:
         source, self._source = self._source, None

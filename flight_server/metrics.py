@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -139,13 +139,20 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
     def call(
-        self, method: str, seconds: float, error: BaseException | None, fields: Mapping[str, Any]
+        self,
+        method: str,
+        seconds: float,
+        error: BaseException | None,
+        fields: Mapping[str, Any],
+        cause: BaseException | None = None,
     ) -> None:
-        """A unary call ended (``error`` is what the client got, or None)."""
+        """A unary call ended: ``error`` is what the client got (None: success),
+        ``cause`` the error before it was made fit for the client (the log keeps
+        its whole message, paths included)."""
         status = status_of(error)
         self.requests.labels(method, status).inc()
         self.latency.labels(method).observe(seconds)
-        log_request(method, status, seconds, fields, error)
+        log_request(method, status, seconds, fields, cause or error)
 
     def stream(self, dataset: str, fields: Mapping[str, Any]) -> StreamObservation:
         """A ``do_get`` stream starts (it is watched until `StreamObservation.end`)."""
@@ -153,7 +160,11 @@ class ServerMetrics:
 
 
 class StreamObservation:
-    """One ``do_get``: open gauge, first batch, rows, bytes, duration, status."""
+    """One ``do_get``: open gauge, first batch, rows, bytes, duration, status.
+
+    `flight_server.limits.Stream` reports each batch it hands to gRPC and how
+    the stream ended (exhausted, failed, cancelled, or dropped because the
+    client went away), exactly once."""
 
     def __init__(self, metrics: ServerMetrics, dataset: str, fields: dict[str, Any]) -> None:
         self._metrics = metrics
@@ -166,28 +177,15 @@ class StreamObservation:
         self._ended = threading.Event()
         metrics.streams_open.labels(dataset).inc()
 
-    def batches(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Pass ``batches`` on, watching them; the stream ends with the iterator
-        (exhausted, failed, or closed because the client went away)."""
-        error: BaseException | None = None
-        try:
-            for batch in batches:
-                if self._first is None:
-                    self._first = time.perf_counter() - self._began
-                    self._metrics.first_batch.labels(self._dataset).observe(self._first)
-                self._rows += batch.num_rows
-                self._bytes += batch.nbytes
-                yield batch
-        except GeneratorExit:
-            error = flight.FlightCancelledError("the client closed the stream")
-            raise
-        except BaseException as failure:
-            error = failure
-            raise
-        finally:
-            self.end(error)
+    def batch(self, batch: pa.RecordBatch) -> None:
+        if self._first is None:
+            self._first = time.perf_counter() - self._began
+            self._metrics.first_batch.labels(self._dataset).observe(self._first)
+        self._rows += batch.num_rows
+        self._bytes += batch.nbytes
 
     def end(self, error: BaseException | None) -> None:
+        """The stream ended: ``error`` is what the client got (None: every batch)."""
         if self._ended.is_set():
             return
         self._ended.set()

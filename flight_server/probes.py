@@ -10,6 +10,7 @@ population store is writable (ready), 503 with the reason otherwise, and
 from __future__ import annotations
 
 import logging
+import socket
 import tempfile
 import threading
 from collections.abc import Callable
@@ -78,9 +79,14 @@ class ProbeServer:
             def log_message(self, format: str, *args: object) -> None:
                 log.debug("probe %s", format % args)
 
-        self._http = ThreadingHTTPServer((host, port), Handler)
-        self._http.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            daemon_threads = True
+
+        self._http = Server((host, port), Handler)
         self.port = self._http.server_address[1]
+        bind = f"[{host}]" if ":" in host else host
+        self.url = f"http://{bind}:{self.port}"
         self._thread = threading.Thread(target=self._http.serve_forever, name="probes", daemon=True)
         self._thread.start()
 

@@ -127,19 +127,23 @@ class PutCommand:
 
 @dataclass(frozen=True)
 class ActionBody:
-    """The body of an action: ``{"dataset"?, "epoch_len"?}``."""
+    """The body of an action: ``{"dataset"?, "epoch_len"?, "population"?}``."""
 
     dataset: str | None = None
     epoch_len: int | None = None
+    population: str | None = None
 
     @classmethod
-    def parse(cls, raw: bytes, *, dataset: bool, epoch_len: bool) -> ActionBody:
+    def parse(
+        cls, raw: bytes, *, dataset: bool, epoch_len: bool, population: bool = False
+    ) -> ActionBody:
         if not raw and not dataset:
             return cls()
         fields = _Fields(_decode(raw, "action body"), "action body")
         body = cls(
             dataset=fields.string("dataset", required=True) if dataset else None,
             epoch_len=fields.integer("epoch_len", required=True) if epoch_len else None,
+            population=fields.string("population", required=True) if population else None,
         )
         fields.finish()
         return body

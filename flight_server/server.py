@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -24,6 +25,7 @@ from flight_server.auth import BearerAuthFactory, TokenFile, require_admin
 from flight_server.catalog import Catalog
 from flight_server.errors import ProtocolError, hide_tracebacks, to_flight_error
 from flight_server.limits import ClientKeyFactory, Limits, StreamSlots, client_of
+from flight_server.metrics import ServerMetrics, request_fields
 from flight_server.protocol import ActionBody, PutCommand
 from flight_server.telemetry import StreamCounter, Telemetry
 
@@ -39,6 +41,8 @@ CANCEL_WAIT = 1.0
 ACTIONS = {
     "set_epoch_len": 'set the active epoch length: {"dataset", "epoch_len"} (admin)',
     "list_populations": 'the stored populations and the active one: {"dataset"}',
+    "remove_population": "delete a stored population that is not active (tickets that pin it "
+    'get NOT_FOUND): {"dataset", "population"} (admin)',
     "health": "liveness and the datasets served",
     "stats": "per dataset: rows, populations, streams served, rows and bytes sent, "
     "and what was served per population (rows, bytes, groups)",
@@ -46,26 +50,35 @@ ACTIONS = {
 
 
 def _flight_errors(handler: F) -> F:
-    """Translate DatasetRT and protocol errors into Flight statuses (one place).
+    """Translate DatasetRT and protocol errors into Flight statuses (one place),
+    and observe the call: its status, duration and request fields go to the
+    metrics and the request log (a ``do_get`` that starts a stream is observed
+    by its stream instead, until it ends).
 
     The client gets the status and the message (`flight_server.errors`); the
     log keeps the error, with its traceback when it is the server's fault."""
+    method = handler.__name__
 
     @functools.wraps(handler)
     def wrapped(self: DatasetFlightServer, *args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        fields = self._call_fields()
         try:
-            return handler(self, *args, **kwargs)
+            answer = handler(self, *args, **kwargs)
         except Exception as error:
             mapped = to_flight_error(error, self.catalog.redact)
-            if not isinstance(mapped, flight.FlightInternalError | flight.FlightServerError):
-                log.info("%s rejected: %s", handler.__name__, error)  # the client's mistake
-            elif isinstance(error, drt.DatasetRTError | flight.FlightError):
-                log.warning("%s failed: %s", handler.__name__, error)
-            else:  # a bug: the whole error, for the operator
-                log.error("%s failed", handler.__name__, exc_info=error)
+            if isinstance(mapped, flight.FlightInternalError | flight.FlightServerError):
+                if isinstance(error, drt.DatasetRTError | flight.FlightError):
+                    log.warning("%s failed: %s", method, error)
+                else:  # a bug: the whole error, for the operator
+                    log.error("%s failed", method, exc_info=error)
+            self.metrics.call(method, time.perf_counter() - began, mapped, fields, cause=error)
             if mapped is error:
                 raise
             raise mapped from None
+        if method != "do_get":
+            self.metrics.call(method, time.perf_counter() - began, None, fields)
+        return answer
 
     return wrapped  # type: ignore[return-value]
 
@@ -107,8 +120,27 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         else:
             self.locations = [self.location]
         self.catalog = catalog
+        self.metrics = ServerMetrics(self.telemetry, catalog.names())
+        # The request fields of the call this thread serves (for its log line).
+        self._calls = threading.local()
         self._batch_size = batch_size
         self._prefetch_size = prefetch_size
+
+    def _call_fields(self) -> dict[str, Any]:
+        """A fresh record of this thread's call, filled by `_note`."""
+        fields: dict[str, Any] = {}
+        self._calls.fields = fields
+        return fields
+
+    def _note(self, **fields: Any) -> None:
+        """Add request fields to the log line of the call this thread serves."""
+        self._calls.fields.update(fields)
+
+    def _note_request(self, request: engine.StreamRequest | engine.MetadataRequest) -> None:
+        if isinstance(request, engine.MetadataRequest):
+            self._note(dataset=request.dataset, population=request.population, metadata=True)
+        else:
+            self._note(**request_fields(json.loads(request.to_json())))
 
     # -- discovery --------------------------------------------------------------
 
@@ -126,6 +158,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 raise ProtocolError("a path descriptor names one dataset: [NAME]")
             return self._dataset_info(_utf8(descriptor.path[0], "the dataset name"))
         request = engine.StreamRequest.from_command(descriptor.command)
+        self._note_request(request)
         limit = self.limits.max_endpoints
         if request.world_size > limit:
             raise ProtocolError(
@@ -162,17 +195,22 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     @_flight_errors
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
         parsed = engine.parse_ticket(ticket.ticket)
+        self._note_request(parsed)
         service = self.catalog.get(parsed.dataset)
         # Admitted before any work: a refused stream costs nothing.
         slot = self.streams.admit(client_of(context))
         try:
             if isinstance(parsed, engine.MetadataRequest):
                 table = pa.table(service.metadata(parsed.population))
-                return flight.GeneratorStream(table.schema, slot.feed(iter(table.to_batches())))
+                watch = self.metrics.stream(parsed.dataset, self._calls.fields)
+                return flight.GeneratorStream(
+                    table.schema, slot.feed(iter(table.to_batches()), watch)
+                )
             # Pinned here, so that telemetry counts the stream under the population
             # it reads even when the ticket names none (streaming a pinned request is
             # the same stream: the engine pins it alike).
             request = service.pin(parsed)
+            self._note_request(request)
             request, added = self._with_telemetry_column(service, request)
             stream = service.stream(
                 request, batch_size=self._batch_size, prefetch_size=self._prefetch_size
@@ -189,7 +227,8 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         # inside a C stream reader would leave as INVALID_ARGUMENT or UNKNOWN; and
         # the slot sees every batch taken (the idle deadline, `flight_server.limits`).
         batches = _mid_stream_errors(reader, stream, counter, self.catalog.redact)
-        return flight.GeneratorStream(counter.schema, slot.feed(batches))
+        watch = self.metrics.stream(request.dataset, self._calls.fields)
+        return flight.GeneratorStream(counter.schema, slot.feed(batches, watch))
 
     def _with_telemetry_column(
         self, service: engine.DatasetService, request: engine.StreamRequest
@@ -222,12 +261,16 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         if descriptor.descriptor_type != flight.DescriptorType.CMD:
             raise ProtocolError('do_put needs a command descriptor: {"dataset", "activate"?}')
         command = PutCommand.parse(descriptor.command)
+        self._note(dataset=command.dataset, activate=command.activate)
         service = self.catalog.get(command.dataset)
         table = self._read_put(reader)
+        self._note(rows=table.num_rows, bytes=table.nbytes)
         population, rows = service.put(table, command.activate)
-        epoch_len = service.active().epoch_len if command.activate else rows
+        self._note(population=population)
         log.info("%s: stored population %s (%d rows)", command.dataset, population, rows)
-        answer = {"population": population, "rows": rows, "epoch_len": epoch_len}
+        # An activation sets the epoch length to the table's rows: that is the
+        # answer, not the active pointer, which a later put may have replaced.
+        answer = {"population": population, "rows": rows, "epoch_len": rows}
         writer.write(pa.py_buffer(json.dumps(answer).encode()))
 
     def _read_put(self, reader: flight.MetadataRecordBatchReader) -> pa.Table:
@@ -291,15 +334,27 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     def do_action(self, context: Any, action: flight.Action) -> list[bytes]:
         # A list, not a generator: errors must be raised inside the error mapping.
         body = action.body.to_pybytes() if action.body is not None else b""
+        # The type is the client's text: logged (cut short), never a metric label.
+        self._note(action=action.type[:64])
         match action.type:
             case "set_epoch_len":
                 require_admin(context, "set_epoch_len")
                 parsed = ActionBody.parse(body, dataset=True, epoch_len=True)
+                self._note(dataset=parsed.dataset, epoch_len=parsed.epoch_len)
                 service = self.catalog.require(parsed.dataset)
                 epoch_len = service.set_epoch_len(parsed.epoch_len or 0)
                 answer: Any = {"dataset": parsed.dataset, "epoch_len": epoch_len}
+            case "remove_population":
+                require_admin(context, "remove_population")
+                parsed = ActionBody.parse(body, dataset=True, epoch_len=False, population=True)
+                self._note(dataset=parsed.dataset, population=parsed.population)
+                service = self.catalog.require(parsed.dataset)
+                service.remove_population(parsed.population or "")
+                log.info("%s: removed population %s", parsed.dataset, parsed.population)
+                answer = {"dataset": parsed.dataset, "removed": parsed.population}
             case "list_populations":
                 parsed = ActionBody.parse(body, dataset=True, epoch_len=False)
+                self._note(dataset=parsed.dataset)
                 service = self.catalog.require(parsed.dataset)
                 active = service.active()
                 answer = {

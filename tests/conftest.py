@@ -70,10 +70,11 @@ def write(tmp_path: Path, source: Any, **writer_kwargs: Any) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow and end-to-end tests run on purpose (``-m slow``, ``-m e2e``), not by default."""
+    """Slow, fuzz-at-length and end-to-end tests run on purpose (``-m slow``,
+    ``-m fuzz``, ``-m e2e``), not by default."""
     if config.getoption("markexpr"):
         return
     for item in items:
-        for marker in ("slow", "e2e"):
+        for marker in ("slow", "fuzz", "e2e"):
             if marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=f"{marker}: run with -m {marker}"))

@@ -184,20 +184,32 @@ def test_a_killed_cache_can_be_reused_after_completion(
 def test_a_live_writers_temporary_directory_is_left_alone(
     runtime: drt.DatasetRuntime, tmp_path: Path
 ) -> None:
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait(timeout=60)
+    """Liveness is the writer's lock on its directory, never the pid in its name."""
+    base = tmp_path / "base"
+    base.mkdir()
+    live_dir = base / f".{NAME}.partial-1-1"
+    holder_script = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    live_dir.mkdir()
+    live = subprocess.Popen(
+        [sys.executable, "-c", holder_script, str(live_dir)], stdout=subprocess.PIPE, text=True
+    )
     try:
-        base = tmp_path / "base"
-        base.mkdir()
-        live_dir = base / f".{NAME}.partial-{live.pid}-1"
-        dead_dir = base / f".{NAME}.partial-{dead.pid}-2"
-        other_dir = base / f".other.partial-{dead.pid}-3"
-        for d in (live_dir, dead_dir, other_dir):
-            d.mkdir()
+        assert live.stdout is not None
+        assert live.stdout.readline() == "ready\n"
+        # Unlocked: their writers are gone, whatever pid their names carry
+        # (in containers every writer is pid 1; here a live one's and our own).
+        dead_dir = base / f".{NAME}.partial-{live.pid}-2"
+        own_pid_dir = base / f".{NAME}.partial-{os.getpid()}-3"
+        other_dir = base / f".other.partial-{live.pid}-4"
+        for d in (live_dir, dead_dir, own_pid_dir, other_dir):
+            d.mkdir(exist_ok=True)
             (d / "shard-00000.bin").write_bytes(b"partial")
-        if Path("/proc").exists():
-            assert not Path(f"/proc/{dead.pid}").exists()
 
         source = ListSource(NAME, make_records(5))
         (result,) = runtime.write_cache(
@@ -206,8 +218,11 @@ def test_a_live_writers_temporary_directory_is_left_alone(
         assert isinstance(result, drt.CacheWriteSuccess)
         assert live_dir.exists()  # its writer may still finish
         assert not dead_dir.exists()
-        assert other_dir.exists()  # another source's leftovers are not this write's business
+        assert not own_pid_dir.exists()
+        assert not other_dir.exists()  # any source's abandoned work is cleaned
     finally:
         live.kill()
         live.wait(timeout=60)
+        if live.stdout is not None:
+            live.stdout.close()
     assert os.path.exists(base / NAME)

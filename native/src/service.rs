@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use arrow_array::RecordBatch;
 
 use crate::error::{Error, Result};
-use crate::population::{canonical, ActivePopulation, Population, PopulationStore};
+use crate::population::{
+    canonical, check_population_id, ActivationLock, ActivePopulation, Population, PopulationStore,
+};
 use crate::request::StreamRequest;
 use crate::sampling::StreamOrder;
 use crate::storage::CacheSet;
@@ -69,12 +71,20 @@ impl DatasetService {
             let full = Population::full(&service.caches)?;
             let full = Population::from_table(&service.caches, canonical(full.table())?)?;
             let rows = full.num_rows() as u64;
+            let lock = service.store.lock_activation()?;
             let id = service.store.put(full.table())?;
             service.remember(&id, Arc::new(full))?;
-            service.store.set_active(&ActivePopulation {
-                population: id,
-                epoch_len: rows,
-            })?;
+            // Another process sharing the store may have activated a
+            // population since we looked: only a store without one gets this.
+            if service.store.active()?.is_none() {
+                service.store.set_active(
+                    &lock,
+                    &ActivePopulation {
+                        population: id,
+                        epoch_len: rows,
+                    },
+                )?;
+            }
         }
         Ok(service)
     }
@@ -101,8 +111,13 @@ impl DatasetService {
 
     /// The population `id`, loaded from the store and validated on first use.
     pub fn population(&self, id: &str) -> Result<Arc<Population>> {
-        if let Some(found) = self.lock()?.0.get(id) {
-            return Ok(found.clone());
+        let loaded = self.lock()?.0.get(id).cloned();
+        if let Some(found) = loaded {
+            // Another replica may have removed it: the store decides (one stat).
+            if self.store.contains(id) {
+                return Ok(found);
+            }
+            self.forget(id)?;
         }
         let table = self.store.load(id)?;
         let population = Arc::new(Population::from_table(&self.caches, table)?);
@@ -110,26 +125,67 @@ impl DatasetService {
         Ok(population)
     }
 
-    /// Validate, store and (optionally) activate a table. Returns the id.
+    /// Validate, store and (optionally) activate a table. Returns the id and
+    /// the row count. An activation is durable when this returns, and
+    /// activations take effect in the order they return (see `PopulationStore`).
     pub fn put(&self, table: RecordBatch, activate: bool) -> Result<(String, u64)> {
-        let population = Population::from_table(&self.caches, canonical(&table)?)?;
-        let rows = population.num_rows() as u64;
-        let id = self.store.put(population.table())?;
-        self.remember(&id, Arc::new(population))?;
-        if activate {
-            self.store.set_active(&ActivePopulation {
-                population: id.clone(),
-                epoch_len: rows,
-            })?;
-        }
+        let (id, rows, _) = self.put_holding_activation(table, activate)?;
         Ok((id, rows))
     }
 
+    /// `put`, also returning the activation lock when it activated: until it is
+    /// dropped no other activation can take effect, so a caller that reports
+    /// the activation before dropping it reports activations in the order they
+    /// took effect (the Python binding drops it once it holds the GIL again).
+    pub fn put_holding_activation(
+        &self,
+        table: RecordBatch,
+        activate: bool,
+    ) -> Result<(String, u64, Option<ActivationLock>)> {
+        let population = Population::from_table(&self.caches, canonical(&table)?)?;
+        let rows = population.num_rows() as u64;
+        // Stored under the lock when activating, so that a removal of the same
+        // population cannot come between storing and activating it.
+        let lock = activate.then(|| self.store.lock_activation()).transpose()?;
+        let id = self.store.put(population.table())?;
+        self.remember(&id, Arc::new(population))?;
+        if let Some(lock) = &lock {
+            self.store.set_active(
+                lock,
+                &ActivePopulation {
+                    population: id.clone(),
+                    epoch_len: rows,
+                },
+            )?;
+        }
+        Ok((id, rows, lock))
+    }
+
     pub fn set_epoch_len(&self, epoch_len: NonZeroU64) -> Result<ActivePopulation> {
+        // Read and written under the lock, so that an activation in between
+        // is not undone by writing back the population read before it.
+        let lock = self.store.lock_activation()?;
         let mut active = self.active()?;
         active.epoch_len = epoch_len.get();
-        self.store.set_active(&active)?;
+        self.store.set_active(&lock, &active)?;
         Ok(active)
+    }
+
+    /// Delete a stored population that is not active: tickets that pin it get
+    /// `NotFound` from then on (streams already open finish), on every replica.
+    pub fn remove_population(&self, id: &str) -> Result<()> {
+        check_population_id(id)?;
+        let lock = self.store.lock_activation()?;
+        if self.active()?.population == id {
+            return Err(Error::invalid(format!(
+                "population {id} is the active population of dataset '{}' and cannot be \
+                 removed; activate another population first (put or do_put with activate), \
+                 then remove this one",
+                self.name
+            )));
+        }
+        self.store.remove(&lock, id)?;
+        self.forget(id)
     }
 
     /// The request with the active population and epoch length filled in where
@@ -196,6 +252,14 @@ impl DatasetService {
         self.loaded
             .lock()
             .map_err(|_| Error::internal("the population cache's lock is poisoned"))
+    }
+
+    fn forget(&self, id: &str) -> Result<()> {
+        let mut guard = self.lock()?;
+        let (map, order) = &mut *guard;
+        map.remove(id);
+        order.retain(|kept| kept != id);
+        Ok(())
     }
 
     fn remember(&self, id: &str, population: Arc<Population>) -> Result<()> {

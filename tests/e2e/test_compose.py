@@ -9,6 +9,7 @@ end (compose project names are unique per run).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -16,14 +17,17 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pyarrow.flight as flight
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import dataset_rt as drt
 from flight_client import DatasetClient
@@ -70,32 +74,54 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-@pytest.fixture(scope="session")
-def image() -> str:
+@functools.cache
+def build_image() -> str:
+    """Build the base and the project image once per test process (every module
+    that uses the `image` fixture gets its own fixture instance)."""
     subprocess.run(["bash", "docker/build-base-image.sh", BASE], cwd=ROOT, check=True)
     subprocess.run(["bash", "docker/build-image.sh", IMAGE, BASE], cwd=ROOT, check=True)
     return IMAGE
 
 
+@pytest.fixture(scope="session")
+def image() -> str:
+    return build_image()
+
+
+REPLICAS = 3
+
+
 class Project:
-    """One compose project (unique name, own ports) that is always torn down."""
+    """One compose project (unique name, own ports) that is always torn down.
+
+    Every published port is a free one chosen here (Flight and the metrics side
+    port, of the default server and of each replica), so projects never collide.
+    """
 
     def __init__(self, image: str, profile: str) -> None:
         self.name = f"drte2e{uuid.uuid4().hex[:8]}"
         self.profile = profile
-        ports = _free_ports(4)
+        ports = _free_ports(2 * (1 + REPLICAS))
+        flight_ports, metrics_ports = ports[: 1 + REPLICAS], ports[1 + REPLICAS :]
         self.env = {
             **os.environ,
             "FLIGHT_IMAGE": image,
             "COMPOSE_PROFILES": profile,
-            "FLIGHT_PORT": str(ports[0]),
+            "FLIGHT_PORT": str(flight_ports[0]),
+            "METRICS_PORT": str(metrics_ports[0]),
         }
         self.replicas: list[str] = []
-        for i, port in enumerate(ports[1:], start=1):
+        #: The metrics side port (``http://127.0.0.1:PORT``) of each replica.
+        self.replica_probes: list[str] = []
+        for i in range(1, 1 + REPLICAS):
+            port, metrics = flight_ports[i], metrics_ports[i]
             self.env[f"REPLICA_{i}_PORT"] = str(port)
             self.env[f"REPLICA_{i}_URI"] = f"grpc://127.0.0.1:{port}"
+            self.env[f"REPLICA_{i}_METRICS_PORT"] = str(metrics)
             self.replicas.append(f"grpc://127.0.0.1:{port}")
-        self.default_location = f"grpc://127.0.0.1:{ports[0]}"
+            self.replica_probes.append(f"http://127.0.0.1:{metrics}")
+        self.default_location = f"grpc://127.0.0.1:{flight_ports[0]}"
+        self.default_probes = f"http://127.0.0.1:{metrics_ports[0]}"
 
     def compose(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         assert COMPOSE is not None
@@ -140,6 +166,75 @@ def _wait_healthy(location: str, timeout: float = 180) -> None:
     raise TimeoutError(f"{location} did not become healthy: {last}")
 
 
+def health_status(container: str) -> str:
+    """The container's healthcheck status in ``docker inspect`` (``starting``, ...)."""
+    return subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Health.Status}}", container],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+
+
+def wait_container_healthy(container: str, timeout: float = 90) -> str:
+    """Poll ``docker inspect`` until the compose healthcheck says ``healthy``
+    (bounded in time; returns the last status seen)."""
+    deadline = time.monotonic() + timeout
+    status = health_status(container)
+    while status != "healthy" and time.monotonic() < deadline:
+        time.sleep(1)
+        status = health_status(container)
+    return status
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """Status and body of a GET (an HTTP error status is an answer, not an exception)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return int(answer.status), answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode(errors="replace")
+
+
+def wait_http_ok(url: str, timeout: float = 60) -> str:
+    """The body of ``url`` once it answers 200 (polled, bounded in time)."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            code, body = http_get(url)
+            if code == 200:
+                return body
+            last = (code, body)
+        except OSError as error:  # not listening yet
+            last = error
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer 200 in {timeout} s: {last}")
+
+
+def scrape(probes: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``/metrics`` parsed: (sample name, sorted labels) -> value."""
+    code, text = http_get(f"{probes}/metrics")
+    assert code == 200, (code, text)
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample_sum(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    return sum(
+        value
+        for (sample, have), value in samples.items()
+        if sample == name and labels.items() <= dict(have).items()
+    )
+
+
 @pytest.fixture
 def default_project(image: str) -> Iterator[Project]:
     project = Project(image, "default")
@@ -175,7 +270,7 @@ def library_epoch(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, i
     return [(s.cache_id, s.sample_id) for s in result.dataset]
 
 
-def _ids(batches: Iterator[Any]) -> list[tuple[int, int, int]]:
+def _ids(batches: Iterable[Any]) -> list[tuple[int, int, int]]:
     out: list[tuple[int, int, int]] = []
     for batch in batches:
         columns = batch.to_pydict()
@@ -186,24 +281,43 @@ def _ids(batches: Iterator[Any]) -> list[tuple[int, int, int]]:
 def test_default_profile_serves_the_demo_to_a_plain_pyarrow_client(
     default_project: Project,
 ) -> None:
+    probes = default_project.default_probes  # the metrics side port, from the host
+    assert wait_http_ok(f"{probes}/healthz") == "ok\n"
+    assert wait_http_ok(f"{probes}/readyz") == "ready\n"
     client = flight.connect(default_project.default_location)
     assert [info.descriptor.path for info in client.list_flights()] == [[b"demo"]]
     command = {"dataset": "demo", "seed": SEED, "epoch": 0}
     info = client.get_flight_info(flight.FlightDescriptor.for_command(json.dumps(command)))
     table = client.do_get(info.endpoints[0].ticket).read_all()
     assert table.num_rows == info.total_records == 2000
-    container = default_project.container("flight")
-    deadline = time.monotonic() + 90
-    status = ""
-    while time.monotonic() < deadline and status != "healthy":
-        status = subprocess.run(
-            ["docker", "inspect", "-f", "{{.State.Health.Status}}", container],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        time.sleep(1)
-    assert status == "healthy", "the image's healthcheck (the Flight health action) failed"
+    # A do_get is counted when its stream ends on the server: poll briefly.
+    deadline = time.monotonic() + 15
+    while True:
+        samples = scrape(probes)
+        ok_gets = sample_sum(samples, "datasetrt_requests_total", method="do_get", status="OK")
+        served = sample_sum(samples, "datasetrt_rows_served_total", dataset="demo")
+        if (ok_gets >= 1 and served == table.num_rows) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert ok_gets >= 1, f'datasetrt_requests_total{{method="do_get",status="OK"}} is {ok_gets}'
+    assert served == table.num_rows, (
+        f'datasetrt_rows_served_total{{dataset="demo"}} is {served}, read {table.num_rows}'
+    )
+    status = wait_container_healthy(default_project.container("flight"))
+    assert status == "healthy", (
+        f"the compose healthcheck (flight_server.health on /readyz) says {status!r}"
+    )
+
+
+def test_every_replica_is_healthy_by_the_readyz_healthcheck(cluster: Project) -> None:
+    for service, probes in zip(
+        [f"replica-{i}" for i in range(1, 1 + REPLICAS)], cluster.replica_probes, strict=True
+    ):
+        assert wait_http_ok(f"{probes}/readyz") == "ready\n", service
+        status = wait_container_healthy(cluster.container(service))
+        assert status == "healthy", (
+            f"{service}: the compose healthcheck (flight_server.health on /readyz) says {status!r}"
+        )
 
 
 def test_four_ranks_over_three_replicas_read_the_library_epoch(

@@ -21,6 +21,8 @@ import pyarrow.flight as flight
 import pytest
 from conftest import ListSource, make_records, write
 
+from dataset_rt.service import StreamRequest
+from flight_client import DatasetClient, FlightSource
 from flight_server import Catalog, cli
 from flight_server.auth import TokenFile
 from flight_server.limits import Limits, peer_address
@@ -147,6 +149,35 @@ def test_a_rank_beyond_the_endpoint_limit_streams_from_a_ticket_written_by_the_c
         ]
         positions = sorted(p for t in ranks for p in t.column("position").to_pylist())
         assert positions == list(range(ROWS // 3 * 3))
+
+
+def test_the_client_streams_any_rank_of_any_world_size_from_one_endpoint(
+    catalog: Catalog,
+) -> None:
+    """`DatasetClient.epoch` and `FlightSource` ask at world size 1 (one endpoint),
+    so a job's size is not bounded by --max-endpoints, and the stream is the
+    one a full answer's endpoint would give."""
+    body = {"dataset": DATASET, "seed": 1, "epoch": 0, "world_size": 3}
+    with (
+        serve(catalog, limits=Limits(max_endpoints=3)) as server,
+        flight.connect(server.location) as raw,
+        DatasetClient(server.location) as client,
+    ):
+        full = [
+            raw.do_get(e.ticket).read_all() for e in raw.get_flight_info(command(body)).endpoints
+        ]
+        for rank, expected in enumerate(full):
+            got = pa.Table.from_batches(list(client.epoch(**body, rank=rank, batches=True)))
+            assert got.equals(expected.select(got.column_names))
+        huge = {"dataset": DATASET, "seed": 1, "epoch": 0, "epoch_len": 2**40}
+        for rank in (0, 2**20 - 1):
+            batches = client.epoch(**huge, world_size=2**20, rank=rank, batches=True)
+            first = next(iter(batches))
+            assert first.column("position")[0].as_py() == rank
+            batches.close()  # type: ignore[attr-defined]
+        source = FlightSource(server.location)
+        pinned = source.resolve(StreamRequest(**huge, world_size=2**20))
+        assert (pinned.world_size, pinned.rank, pinned.epoch_len) == (2**20, 0, 2**40)
 
 
 # -- do_get: stream slots ------------------------------------------------------------

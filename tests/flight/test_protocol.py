@@ -410,7 +410,13 @@ def test_bad_action_is_rejected(
 
 def test_list_actions_describes_every_action(raw: flight.FlightClient) -> None:
     actions = {a.type: a.description for a in raw.list_actions()}
-    assert set(actions) == {"set_epoch_len", "list_populations", "health", "stats"}
+    assert set(actions) == {
+        "set_epoch_len",
+        "list_populations",
+        "remove_population",
+        "health",
+        "stats",
+    }
     for kind, description in actions.items():
         assert description.strip(), f"action {kind} has no description"
     assert "epoch_len" in actions["set_epoch_len"]

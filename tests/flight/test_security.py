@@ -200,11 +200,19 @@ def test_a_read_token_may_not_write_and_nothing_changes(
             put(client, table, READ)
         with pytest.raises(flight.FlightUnauthorizedError, match="set_epoch_len needs an admin"):
             action(client, "set_epoch_len", {"dataset": DATASET, "epoch_len": 17}, READ)
+        removal = {"dataset": DATASET, "population": active_population(client)}
+        with pytest.raises(flight.FlightUnauthorizedError, match="remove_population needs an"):
+            action(client, "remove_population", removal, READ)
         for header in BAD_HEADERS.values():
             with pytest.raises(flight.FlightUnauthenticatedError):
                 put(client, table, call_options(header))
         after = snapshot(client, state_dir)
     assert after == before
+
+
+def active_population(client: flight.FlightClient) -> str:
+    answer = action(client, "list_populations", {"dataset": DATASET}, ADMIN)
+    return str(answer["active"]["population"])
 
 
 def test_an_admin_token_may_write(secured: DatasetFlightServer) -> None:
@@ -243,9 +251,12 @@ def test_the_client_sends_its_token_and_does_not_retry_auth_errors(
             list(anonymous.epoch(DATASET, 3, 0))
     assert time.monotonic() - started < 2.0  # final statuses: no backoff sleep
     with DatasetClient(secured.location, token=ADMIN_TOKEN) as admin:
+        first = admin.populations(DATASET)["active"]["population"]
         population = admin.update_metadata(DATASET, table.head(50))
         assert admin.populations(DATASET)["active"]["population"] == population
         assert admin.set_epoch_len(DATASET, 5) == 5
+        admin.remove_population(DATASET, first)
+        assert admin.populations(DATASET)["populations"] == [population]
 
 
 # -- the token file ------------------------------------------------------------------

@@ -16,7 +16,9 @@ use crate::error::{Error, Result};
 use crate::sampling::AliasTable;
 use crate::storage::CacheSet;
 
-pub use store::{canonical, check_population_id, ActivePopulation, PopulationStore};
+pub use store::{
+    canonical, check_population_id, ActivationLock, ActivePopulation, PopulationStore,
+};
 pub use validate::validate_table;
 
 pub struct Population {

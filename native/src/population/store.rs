@@ -3,16 +3,27 @@
 //! ```text
 //! <state_dir>/<dataset>/populations/<id>.arrow   Arrow IPC stream of the table as supplied
 //! <state_dir>/<dataset>/active.json              {"population": id, "epoch_len": n}
+//! <state_dir>/<dataset>/active.lock              locked while active.json changes
 //! ```
 //! The id is the xxh3-128 of the file's bytes (32 hex digits), so a file is
 //! verified by hashing it, two writers of the same table write the same file,
 //! and every write is a rename of a complete temporary file: concurrent puts of
 //! the same or different tables never corrupt the store.
+//!
+//! Changes of the active pointer (and removals, which must not race with an
+//! activation of the same population) happen under an exclusive lock on
+//! `active.lock`, taken by every process that shares the store: they are
+//! applied one at a time, each durable before the next begins, so the order on
+//! disk is the order in which they were acknowledged.
+//!
+//! Temporary files (`.tmp-*`) are locked by their writer (`storage::temp`);
+//! those left by writers that died are removed when the store is opened (by a
+//! restarted replica, another replica or a DataLoader worker). Writes do not
+//! scan `populations/`, which may hold thousands of files.
 
-use std::fs;
-use std::io::Cursor;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::sync::Arc;
 
@@ -24,10 +35,13 @@ use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::error::{Error, IoContext, Result};
-use crate::storage::publish::{fsync_dir, fsync_file};
+use crate::storage::publish::fsync_dir;
+use crate::storage::temp::{remove_abandoned, LockedTemp};
 
 const POPULATIONS: &str = "populations";
 const ACTIVE: &str = "active.json";
+const ACTIVATION_LOCK: &str = "active.lock";
+const TEMP_PREFIX: &str = ".tmp-";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -69,20 +83,6 @@ pub struct PopulationStore {
     dir: PathBuf,
 }
 
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// A random number fixed for the life of this process (std's hasher keys are
-/// drawn from the OS's random source).
-fn process_nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *NONCE.get_or_init(|| {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(std::process::id() as u64);
-        hasher.finish()
-    })
-}
-
 /// A population id: 32 lowercase hex digits.
 pub fn check_population_id(id: &str) -> Result<()> {
     if id.len() == 32
@@ -98,9 +98,19 @@ pub fn check_population_id(id: &str) -> Result<()> {
     }
 }
 
+/// The right to change the active pointer: an exclusive lock on
+/// `active.lock`, held until this value is dropped.
+#[derive(Debug)]
+pub struct ActivationLock {
+    _file: File,
+}
+
 impl PopulationStore {
     pub fn open(dir: &Path) -> Result<Self> {
-        fs::create_dir_all(dir.join(POPULATIONS)).at("cannot create the population store", dir)?;
+        let populations = dir.join(POPULATIONS);
+        fs::create_dir_all(&populations).at("cannot create the population store", dir)?;
+        remove_abandoned(dir, is_temp);
+        remove_abandoned(&populations, is_temp);
         Ok(PopulationStore {
             dir: dir.to_path_buf(),
         })
@@ -108,6 +118,21 @@ impl PopulationStore {
 
     fn path_of(&self, id: &str) -> PathBuf {
         self.dir.join(POPULATIONS).join(format!("{id}.arrow"))
+    }
+
+    /// Wait for the activation lock (held by other threads or processes only
+    /// for the few writes of an activation).
+    pub fn lock_activation(&self) -> Result<ActivationLock> {
+        let path = self.dir.join(ACTIVATION_LOCK);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .at("cannot open", &path)?;
+        file.lock().at("cannot lock", &path)?;
+        Ok(ActivationLock { _file: file })
     }
 
     /// Store `table` (if it is not stored yet) and return its id. The table
@@ -128,6 +153,10 @@ impl PopulationStore {
         Ok(id)
     }
 
+    pub fn contains(&self, id: &str) -> bool {
+        check_population_id(id).is_ok() && self.path_of(id).exists()
+    }
+
     /// The table stored under `id`, verified against its id.
     pub fn load(&self, id: &str) -> Result<RecordBatch> {
         check_population_id(id)?;
@@ -135,11 +164,7 @@ impl PopulationStore {
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::NotFound(format!(
-                    "population {id} is not in the store {}; list the stored populations \
-                     with the 'list_populations' action",
-                    self.dir.display()
-                )))
+                return Err(self.not_found(id));
             }
             Err(e) => return Err(Error::io("cannot read", &path, e)),
         };
@@ -157,6 +182,26 @@ impl PopulationStore {
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::corrupt(&path, format!("not an Arrow IPC stream: {e}")))?;
         Ok(arrow_select::concat::concat_batches(&schema, &batches)?)
+    }
+
+    /// Delete the population `id`. The caller checked that it is not active
+    /// and holds the activation lock, so that no activation of it is under way.
+    pub fn remove(&self, _lock: &ActivationLock, id: &str) -> Result<()> {
+        check_population_id(id)?;
+        let path = self.path_of(id);
+        match fs::remove_file(&path) {
+            Ok(()) => fsync_dir(&self.dir.join(POPULATIONS)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(self.not_found(id)),
+            Err(e) => Err(Error::io("cannot remove", &path, e)),
+        }
+    }
+
+    fn not_found(&self, id: &str) -> Error {
+        Error::NotFound(format!(
+            "population {id} is not in the store {}; list the stored populations \
+             with the 'list_populations' action",
+            self.dir.display()
+        ))
     }
 
     /// Stored population ids, sorted.
@@ -186,7 +231,9 @@ impl PopulationStore {
         }
     }
 
-    pub fn set_active(&self, active: &ActivePopulation) -> Result<()> {
+    /// Replace the active pointer, durably (it has been renamed into place and
+    /// the directory fsynced when this returns).
+    pub fn set_active(&self, _lock: &ActivationLock, active: &ActivePopulation) -> Result<()> {
         check_population_id(&active.population)?;
         let bytes = serde_json::to_vec_pretty(active)
             .map_err(|e| Error::internal(format!("cannot encode the active pointer: {e}")))?;
@@ -195,19 +242,17 @@ impl PopulationStore {
 
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         let parent = path.parent().unwrap_or(&self.dir);
-        // Replicas in containers all run as pid 1, so the name also carries a
-        // per-process random part: writers never share a temporary file.
-        let temp = parent.join(format!(
-            ".tmp-{}-{:016x}-{}",
-            std::process::id(),
-            process_nonce(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        fs::write(&temp, bytes).at("cannot write", &temp)?;
-        fsync_file(&temp)?;
-        fs::rename(&temp, path).at("cannot rename into place", path)?;
+        let temp = LockedTemp::create_file(parent, TEMP_PREFIX)?;
+        let mut file = temp.file();
+        file.write_all(bytes).at("cannot write", temp.path())?;
+        file.sync_all().at("cannot fsync", temp.path())?;
+        fs::rename(temp.path(), path).at("cannot rename into place", path)?;
         fsync_dir(parent)
     }
+}
+
+fn is_temp(file_name: &str) -> bool {
+    file_name.starts_with(TEMP_PREFIX)
 }
 
 #[cfg(test)]
@@ -262,7 +307,63 @@ mod tests {
             population: "a".repeat(32),
             epoch_len: 7,
         };
-        store.set_active(&active).unwrap();
+        let lock = store.lock_activation().unwrap();
+        store.set_active(&lock, &active).unwrap();
         assert_eq!(store.active().unwrap(), Some(active));
+    }
+
+    #[test]
+    fn removal_deletes_the_file_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PopulationStore::open(dir.path()).unwrap();
+        let id = store.put(&table(1.0)).unwrap();
+        let lock = store.lock_activation().unwrap();
+        store.remove(&lock, &id).unwrap();
+        assert!(!store.contains(&id) && store.list().unwrap().is_empty());
+        assert!(matches!(store.remove(&lock, &id), Err(Error::NotFound(_))));
+        assert!(matches!(store.load(&id), Err(Error::NotFound(_))));
+        assert!(matches!(
+            store.remove(&lock, "x"),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn abandoned_temporary_files_are_removed_and_held_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let populations = dir.path().join(POPULATIONS);
+        fs::create_dir_all(&populations).unwrap();
+        // Left by writers killed mid-write (their locks went with them).
+        for leftover in [dir.path(), populations.as_path()] {
+            fs::write(leftover.join(".tmp-1-0-0"), b"half a table").unwrap();
+        }
+        // A live writer's temporary file, locked as `write_atomically` does.
+        let live = LockedTemp::create_file(&populations, TEMP_PREFIX).unwrap();
+        let store = PopulationStore::open(dir.path()).unwrap();
+        let temps = |d: &Path| {
+            fs::read_dir(d)
+                .unwrap()
+                .flatten()
+                .filter(|e| is_temp(&e.file_name().to_string_lossy()))
+                .count()
+        };
+        assert_eq!((temps(dir.path()), temps(&populations)), (0, 1));
+        assert!(live.path().exists());
+        drop(live);
+        store.put(&table(3.0)).unwrap();
+        assert_eq!(temps(&populations), 1, "writes do not scan the store");
+        PopulationStore::open(dir.path()).unwrap();
+        assert_eq!(temps(&populations), 0);
+    }
+
+    #[test]
+    fn the_activation_lock_is_exclusive_across_handles() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PopulationStore::open(dir.path()).unwrap();
+        let held = store.lock_activation().unwrap();
+        let other = File::open(dir.path().join(ACTIVATION_LOCK)).unwrap();
+        assert!(other.try_lock().is_err());
+        drop(held);
+        assert!(other.try_lock().is_ok());
     }
 }

@@ -19,6 +19,7 @@ pub struct CheckedRows {
 }
 
 pub fn validate_table(caches: &CacheSet, table: &RecordBatch) -> Result<CheckedRows> {
+    check_unique_columns(table)?;
     if table.num_rows() == 0 {
         return Err(Error::population(
             "the table is empty (0 rows); a population needs at least one row",
@@ -53,6 +54,28 @@ pub fn validate_table(caches: &CacheSet, table: &RecordBatch) -> Result<CheckedR
         sample_ids,
         weights,
     })
+}
+
+/// Columns are found by name, so a second column of the same name would be
+/// stored and served without ever being checked (a second `weight` of -5.0).
+fn check_unique_columns(table: &RecordBatch) -> Result<()> {
+    let schema = table.schema();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    for (i, name) in names.iter().enumerate() {
+        if names[..i].contains(name) {
+            let times = names.iter().filter(|n| *n == name).count();
+            return Err(Error::InvalidPopulation {
+                column: Some(name.to_string()),
+                first_row: None,
+                count: None,
+                message: format!(
+                    "column '{name}' appears {times} times; column names must be unique \
+                     (drop or rename the extra '{name}' columns)"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn check_required_columns(caches: &CacheSet, table: &RecordBatch) -> Result<()> {

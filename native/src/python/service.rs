@@ -105,7 +105,20 @@ impl DatasetService {
     ) -> PyResult<(String, u64)> {
         let (schema, batches) = import_table(table)?;
         let batch: RecordBatch = concat(&schema, &batches)?;
-        py.detach(|| self.inner.put(batch, activate)).py()
+        let (id, rows, activation) = py
+            .detach(|| self.inner.put_holding_activation(batch, activate))
+            .py()?;
+        // Let go of the activation lock only now that this thread holds the
+        // GIL again: Python code that records the acknowledgement right after
+        // `put` returns then records activations in the order they took effect.
+        drop(activation);
+        Ok((id, rows))
+    }
+
+    /// Delete a stored population that is not the active one.
+    fn remove_population(&self, py: Python<'_>, population_id: String) -> PyResult<()> {
+        py.detach(|| self.inner.remove_population(&population_id))
+            .py()
     }
 
     fn set_epoch_len(&self, py: Python<'_>, epoch_len: &Bound<'_, PyAny>) -> PyResult<u64> {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::codec::Compression;
-use super::schema::ColumnSpec;
+use super::schema::{ColumnSpec, RESERVED_COLUMNS};
 use super::{hex64, MANIFEST_FILE};
 use crate::error::{Error, IoContext, Result};
 
@@ -110,7 +110,32 @@ impl Manifest {
                 envelope.checksum
             ));
         }
-        serde_json::from_value(envelope.manifest).map_err(|e| format!("malformed manifest: {e}"))
+        let manifest: Manifest = serde_json::from_value(envelope.manifest)
+            .map_err(|e| format!("malformed manifest: {e}"))?;
+        manifest.check_columns()?;
+        Ok(manifest)
+    }
+
+    /// The column names a writer can produce: unique, and none of the names
+    /// the population table uses for its own columns. The checksum cannot
+    /// tell a hand-made manifest, so a cache whose names would make an
+    /// ambiguous population table is refused here.
+    fn check_columns(&self) -> std::result::Result<(), String> {
+        for (i, column) in self.columns.iter().enumerate() {
+            let name = column.name.as_str();
+            if RESERVED_COLUMNS.contains(&name) {
+                return Err(format!(
+                    "column '{name}' has a reserved name ({}); a writer never stores it",
+                    RESERVED_COLUMNS.join(", ")
+                ));
+            }
+            if self.columns[..i].iter().any(|c| c.name == name) {
+                return Err(format!(
+                    "column '{name}' is listed twice; a writer stores every metadata key once"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -161,6 +186,20 @@ mod tests {
                 Manifest::parse(&flipped).is_err(),
                 "flip at byte {i} undetected"
             );
+        }
+    }
+
+    #[test]
+    fn rejects_duplicate_and_reserved_columns() {
+        for (extra, problem) in [("label", "listed twice"), ("weight", "reserved name")] {
+            let mut m = sample();
+            m.columns.push(ColumnSpec {
+                name: extra.into(),
+                dtype: MetaType::Float64,
+            });
+            let err = Manifest::parse(&m.to_bytes().unwrap()).unwrap_err();
+            assert!(err.contains(&format!("column '{extra}'")), "{err}");
+            assert!(err.contains(problem), "{err}");
         }
     }
 

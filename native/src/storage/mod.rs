@@ -17,6 +17,7 @@ mod manifest;
 mod pipeline;
 pub(crate) mod publish;
 mod schema;
+pub(crate) mod temp;
 mod writer;
 
 pub use cache::{Cache, CacheSet, VerifyReport};

@@ -3,9 +3,9 @@
 //! ever see a missing cache or a complete one.
 
 use std::fs::{self, File};
-use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::path::Path;
 
+use super::temp::{remove_abandoned, LockedTemp};
 use crate::error::{Error, IoContext, Result};
 
 const PARTIAL_MARKER: &str = ".partial-";
@@ -32,44 +32,19 @@ pub fn validate_source_name(name: &str) -> Result<()> {
     }
 }
 
-/// Create a fresh temporary directory for `name` under `base`.
-pub fn create_partial_dir(base: &Path, name: &str) -> Result<PathBuf> {
+/// Create a fresh temporary directory for `name` under `base`, locked by this
+/// writer until it is published or removed (see `temp.rs`). Temporary
+/// directories in `base` whose writer is gone, of any name, are removed first.
+pub fn create_partial_dir(base: &Path, name: &str) -> Result<LockedTemp> {
     fs::create_dir_all(base).at("cannot create the base directory", base)?;
-    remove_abandoned_partials(base, name);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let dir = base.join(format!(
-        ".{name}{PARTIAL_MARKER}{}-{nanos}",
-        std::process::id()
-    ));
-    fs::create_dir(&dir).at("cannot create the temporary directory", &dir)?;
-    Ok(dir)
+    remove_abandoned(base, is_partial);
+    LockedTemp::create_dir(base, &format!(".{name}{PARTIAL_MARKER}"))
 }
 
-/// Remove temporary directories of `name` left by writers that died. A
-/// directory whose writer process is still alive is left alone.
-fn remove_abandoned_partials(base: &Path, name: &str) {
-    let prefix = format!(".{name}{PARTIAL_MARKER}");
-    let Ok(entries) = fs::read_dir(base) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let file_name = entry.file_name();
-        let Some(rest) = file_name.to_str().and_then(|s| s.strip_prefix(&prefix)) else {
-            continue;
-        };
-        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
-        let alive = match pid {
-            Some(pid) if pid == std::process::id() => true,
-            Some(pid) => Path::new("/proc").exists() && Path::new(&format!("/proc/{pid}")).exists(),
-            None => false,
-        };
-        if !alive {
-            let _ = fs::remove_dir_all(entry.path());
-        }
-    }
+/// `.<name>.partial-<unique>`: source names never start with '.', so no
+/// published cache has such a name.
+fn is_partial(file_name: &str) -> bool {
+    file_name.starts_with('.') && file_name.contains(PARTIAL_MARKER)
 }
 
 pub fn fsync_file(path: &Path) -> Result<()> {
@@ -117,12 +92,17 @@ mod tests {
     }
 
     #[test]
-    fn abandoned_partials_are_removed() {
+    fn abandoned_partials_are_removed_and_live_ones_kept() {
         let base = tempfile::tempdir().unwrap();
-        let dead = base.path().join(".s.partial-999999999-1");
+        // Named with this process's id, as every writer is pid 1 in a container.
+        let dead = base
+            .path()
+            .join(format!(".other.partial-{}-0-0", std::process::id()));
         fs::create_dir(&dead).unwrap();
-        let fresh = create_partial_dir(base.path(), "s").unwrap();
+        let live = create_partial_dir(base.path(), "s").unwrap();
         assert!(!dead.exists());
-        assert!(fresh.exists());
+        let fresh = create_partial_dir(base.path(), "s").unwrap();
+        assert!(live.path().exists() && fresh.path().exists());
+        assert_ne!(live.path(), fresh.path());
     }
 }

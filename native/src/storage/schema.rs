@@ -117,6 +117,11 @@ impl SchemaBinder {
                     "record 0: metadata keys must be non-empty".into(),
                 ));
             }
+            if binder.positions.contains_key(name) {
+                return Err(Error::Schema(format!(
+                    "record 0: metadata key '{name}' appears twice; metadata keys must be unique"
+                )));
+            }
             binder.positions.insert(name.clone(), binder.columns.len());
             binder.columns.push(ColumnSpec {
                 name: name.clone(),
@@ -151,7 +156,12 @@ impl SchemaBinder {
                     )))
                 }
             };
-            slots[at] = Some(value);
+            if slots[at].replace(value).is_some() {
+                return Err(Error::Schema(format!(
+                    "record {record}: metadata key '{name}' appears twice; metadata keys must \
+                     be unique"
+                )));
+            }
         }
         slots
             .into_iter()
@@ -279,5 +289,19 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("record 5"), "{err}");
         assert!(SchemaBinder::from_first(&rec(&[("weight", MetaValue::Int(1))])).is_err());
+    }
+
+    #[test]
+    fn rejects_duplicate_keys() {
+        let twice = rec(&[("label", MetaValue::Int(1)), ("label", MetaValue::Int(2))]);
+        let err = SchemaBinder::from_first(&twice).unwrap_err();
+        assert!(err.to_string().contains("'label' appears twice"), "{err}");
+        let b = SchemaBinder::from_first(&rec(&[("label", MetaValue::Int(1))])).unwrap();
+        let err = b.bind(3, twice).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("record 3: metadata key 'label' appears twice"),
+            "{err}"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! `CacheWriter`: appends encoded records in order, rotates shards, and publishes
 //! the finished cache atomically. Dropping an unfinished writer removes its
-//! temporary directory.
+//! temporary directory. The writer holds the temporary directory's lock until
+//! it is published or removed, so other writers know it is not abandoned.
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -18,6 +19,7 @@ use super::index::IndexEntry;
 use super::manifest::{FileEntry, Manifest};
 use super::publish::{create_partial_dir, fsync_file, publish, validate_source_name};
 use super::schema::{ColumnBuilders, ColumnSpec, MetaValue};
+use super::temp::LockedTemp;
 use super::{hex64, shard_file_name, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
 
@@ -81,7 +83,7 @@ struct OpenShard {
 pub struct CacheWriter {
     name: String,
     target: PathBuf,
-    partial: PathBuf,
+    partial: LockedTemp,
     options: WriterOptions,
     columns: Vec<ColumnSpec>,
     builders: ColumnBuilders,
@@ -165,7 +167,10 @@ impl CacheWriter {
         };
         if needs_new_shard {
             self.close_shard()?;
-            let path = self.partial.join(shard_file_name(self.shards.len() as u32));
+            let path = self
+                .partial
+                .path()
+                .join(shard_file_name(self.shards.len() as u32));
             let file = File::create(&path).at("cannot create", &path)?;
             self.shard = Some(OpenShard {
                 path,
@@ -251,13 +256,13 @@ impl CacheWriter {
             writer: format!("dataset_rt {}", env!("CARGO_PKG_VERSION")),
         };
         self.write_file(MANIFEST_FILE, &manifest.to_bytes()?)?;
-        publish(&self.partial, &self.target)?;
+        publish(self.partial.path(), &self.target)?;
         self.finished = true;
         Ok((self.target.clone(), manifest))
     }
 
     fn write_file(&self, name: &str, bytes: &[u8]) -> Result<FileEntry> {
-        let path = self.partial.join(name);
+        let path = self.partial.path().join(name);
         fs::write(&path, bytes).at("cannot write", &path)?;
         fsync_file(&path)?;
         Ok(FileEntry {
@@ -297,7 +302,8 @@ impl CacheWriter {
 impl Drop for CacheWriter {
     fn drop(&mut self) {
         if !self.finished {
-            let _ = fs::remove_dir_all(&self.partial);
+            // Removed before `partial` (and with it the lock) is dropped.
+            let _ = fs::remove_dir_all(self.partial.path());
         }
     }
 }
