@@ -7,6 +7,7 @@
 pub mod dataset;
 pub mod error;
 pub mod population;
+mod prefetch;
 pub mod request;
 pub mod sampling;
 pub mod service;

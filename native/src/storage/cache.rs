@@ -16,6 +16,7 @@ use super::manifest::{FileEntry, Manifest};
 use super::schema::ColumnSpec;
 use super::{hex64, INDEX_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
+use crate::prefetch::prefetch_line;
 
 /// One open cache. Payload shards are memory-mapped; the index and metadata are
 /// loaded (and their checksums verified) when the cache is opened.
@@ -35,6 +36,11 @@ pub struct Cache {
 /// memory map: one copy either way, but mapped pages would stay resident in
 /// this process and count against its memory.
 const PREAD_THRESHOLD: u64 = 256 << 10;
+const CACHE_LINE: usize = 64;
+/// Lines of a record `Cache::prefetch` asks for (a 1 KiB record is 16; for
+/// longer ones the hardware prefetcher follows the sequential read). Measured
+/// on 1 KiB records: 16 lines cost less CPU per GiB than 2 (benchmarks/README.md).
+const PREFETCH_LINES: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyReport {
@@ -181,6 +187,35 @@ impl Cache {
             return Ok(());
         }
         self.decode_record(sample_id, entry, stored, out)
+    }
+
+    /// Ask the CPU to start loading record `sample_id`'s bytes (and their page
+    /// table entries) into its caches, without waiting for them and without
+    /// reading them: a batch builder calls it a few records ahead, so that the
+    /// memory latency of random records in memory-mapped shards overlaps with
+    /// the verification of the records before. A hint only: it never faults and
+    /// does nothing for records read with `pread` or out of range.
+    pub fn prefetch(&self, sample_id: u64) {
+        let Some(entry) = self.index.get(sample_id as usize) else {
+            return;
+        };
+        if entry.stored_len >= PREAD_THRESHOLD {
+            return;
+        }
+        let stored = self.stored_bytes(entry);
+        // The first lines of a record: the hardware prefetcher follows a
+        // sequential read once it has started.
+        for line in stored.chunks(CACHE_LINE).take(PREFETCH_LINES) {
+            prefetch_line(line.as_ptr());
+        }
+    }
+
+    /// Ask for the index entry of `sample_id` (what `prefetch` reads first):
+    /// called further ahead than `prefetch`, so that its lookup does not wait.
+    pub fn prefetch_entry(&self, sample_id: u64) {
+        if let Some(entry) = self.index.get(sample_id as usize) {
+            prefetch_line(entry);
+        }
     }
 
     /// Read a large record with one positioned read into `out`.

@@ -197,7 +197,7 @@ impl EpochStream {
                 if cancelled.load(Ordering::Relaxed) {
                     return;
                 }
-                ticket.send(ctx.build(first, &rows));
+                ticket.send(ctx.build(first, &rows, bytes));
             }))?;
         }
         Ok(())
