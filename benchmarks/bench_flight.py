@@ -17,6 +17,9 @@ Two measurements, one run:
    clients (ranks 0 and 1 of a world of 2). Target: ours >= 0.8x raw everywhere.
 2. The server's RSS (``/proc/<pid>/status`` every 100 ms) while one client streams a
    4 GiB epoch (512 MiB with ``--quick``). Target: peak VmRSS <= 512 MiB.
+3. Time to first batch (``_ttfb.py``): ``get_flight_info`` + the first batch of
+   ``do_get``, p50 and p99 over 200 requests (50 with ``--quick``) at stream
+   positions 0 and 10^12, which must cost the same.
 
 Servers and clients are separate processes (clients are ``multiprocessing`` spawn
 workers), everything binds 127.0.0.1, and every wait is bounded.
@@ -43,6 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _flight_common as common  # the benchmarks directory is not a package
+import _ttfb
 from _flight_common import (
     BATCH_BYTES,
     BATCH_ROWS,
@@ -297,6 +301,20 @@ def measure_rss(scale: Scale, pool: common.ClientPool, workdir: Path) -> RssResu
         shutil.rmtree(cache.parent, ignore_errors=True)
 
 
+def measure_ttfb(scale: Scale, workdir: Path) -> _ttfb.TtfbResult:
+    """p50/p99 of get_flight_info + first batch, at positions 0 and 10^12."""
+    requests = 50 if scale.name == "quick" else 200
+    log(f"time to first batch: {requests} requests at each of {_ttfb.POSITIONS}")
+    cache, _ = common.write_cache(f"bench_ttfb_{KIB}", 20_000, KIB, workdir / "cache-ttfb")
+    server = start_ours(cache, workdir)
+    try:
+        server.wait_location()
+        return _ttfb.measure(server.location, DATASET, requests=requests, seed=SEED)
+    finally:
+        server.stop()
+        shutil.rmtree(cache.parent, ignore_errors=True)
+
+
 # -- report -----------------------------------------------------------------------
 
 
@@ -439,7 +457,8 @@ def print_report(
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = common.base_parser(__doc__.splitlines()[0], "128 MiB epochs, 512 MiB RSS epoch")
-    parser.add_argument("--skip-rss", action="store_true", help="only the throughput table")
+    parser.add_argument("--skip-rss", action="store_true", help="no RSS measurement")
+    parser.add_argument("--skip-ttfb", action="store_true", help="no time-to-first-batch")
     parser.add_argument("--raw-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--payload-size", type=int, help=argparse.SUPPRESS)
@@ -458,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     measurements: list[common.Measurement[ServerRun]] = []
     writes: dict[int, float] = {}
     rss = None
+    ttfb = None
     with common.scratch_dir(args.data_dir, "flight-") as workdir:
         pool = common.ClientPool(max(CLIENT_COUNTS))
         try:
@@ -466,11 +486,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 measurements += found
             if not args.skip_rss:
                 rss = measure_rss(scale, pool, workdir)
+            if not args.skip_ttfb:
+                ttfb = measure_ttfb(scale, workdir)
         finally:
             pool.close()
     elapsed = time.perf_counter() - started
     table = throughput_table(measurements)
     print_report(scale, table, measurements, rss, elapsed, (load_start, os.getloadavg()))
+    if ttfb is not None:
+        print(f"\nTime to first batch, {ttfb.requests} requests per position, one client, 1 KiB:")
+        print(render(["request", "p50", "p99"], _ttfb.report_rows(ttfb)))
     if args.json:
         dump = {
             "scale": asdict(scale),
@@ -489,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for m in measurements
             ],
             "rss": asdict(rss) if rss is not None else None,
+            "ttfb_seconds": ttfb.seconds if ttfb is not None else None,
         }
         args.json.write_text(json.dumps(dump, indent=2))
     return 0
