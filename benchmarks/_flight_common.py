@@ -351,6 +351,9 @@ def client_worker(index: int, jobs: Any, results: Any, go: Any) -> None:
                 results.put(("error", index, "never released"))
                 continue
             rows = nbytes = batches = 0
+            # This process's CPU (every thread: gRPC's too) while it streams: what
+            # a client costs per GiB, for sizing hosts (benchmarks/README.md).
+            cpu_start = time.process_time()
             start = time.monotonic()
             first = None
             for batch in stream:
@@ -360,7 +363,8 @@ def client_worker(index: int, jobs: Any, results: Any, go: Any) -> None:
                 nbytes += payload_bytes(batch.column("payload"))
                 batches += 1
             end = time.monotonic()
-            stats = {"rows": rows, "bytes": nbytes, "batches": batches}
+            cpu = time.process_time() - cpu_start
+            stats = {"rows": rows, "bytes": nbytes, "batches": batches, "cpu": cpu}
             results.put(("done", index, stats | {"start": start, "end": end, "first": first}))
         except Exception as error:  # reported to the parent, which fails the run
             results.put(("error", index, f"{type(error).__name__}: {error}"))

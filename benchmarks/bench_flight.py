@@ -174,6 +174,11 @@ class ServerRun(common.Run):
     def cpu_per_gib(self) -> float:
         return self.server_cpu / (self.nbytes / GIB)
 
+    @property
+    def client_cpu_per_gib(self) -> float:
+        """The clients' CPU seconds (all their threads) per GiB they received."""
+        return sum(float(c.get("cpu", 0.0)) for c in self.clients) / (self.nbytes / GIB)
+
 
 def our_tickets(location: str, world_size: int, epoch_len: int | None = None) -> list[bytes]:
     """One ticket per rank of epoch 0, shuffled, from ``get_flight_info``."""
@@ -339,6 +344,7 @@ def throughput_table(measurements: Sequence[common.Measurement[ServerRun]]) -> l
                     "ratio": ratio,
                     "ours_cpu_s_per_gib": a.cpu_per_gib,
                     "raw_cpu_s_per_gib": b.cpu_per_gib,
+                    "ours_client_cpu_s_per_gib": a.client_cpu_per_gib,
                     "verdict": "ok" if ratio >= TARGET_RATIO else "BELOW",
                 }
             )
@@ -443,7 +449,8 @@ def print_report(
             text = ", ".join(f"{name} {sec:.2f}s" for name, sec in parts[:5])
             print(
                 f"  {human_bytes(m.size):>7} x{m.clients}: {best.server_cpu:.2f}s "
-                f"(sys {best.server_sys:.2f}s) in {best.seconds:.2f}s wall: {text}"
+                f"(sys {best.server_sys:.2f}s) in {best.seconds:.2f}s wall: {text}; "
+                f"clients {best.client_cpu_per_gib:.2f} CPU s/GiB"
             )
     print(
         common.load_line(
