@@ -126,9 +126,15 @@ impl BatchContext {
 
     /// The population row drawn at window index `i`.
     #[inline]
-    pub fn row_at(&self, i: u64) -> usize {
-        self.order
-            .row_at(self.population.alias(), self.window.position(i))
+    /// The rows of window indices `first..first + n`, appended to `out` (one
+    /// batched draw: about twice as fast per row as drawing one position at a time,
+    /// and a permutation is built once per cycle, not once per position).
+    pub fn rows_at(&self, first: u64, n: u64, out: &mut Vec<u32>) {
+        self.order.rows_at(
+            self.population.alias(),
+            self.window.positions(first, n),
+            out,
+        );
     }
 
     /// Raw payload length of population row `row` (0 when the stream has no

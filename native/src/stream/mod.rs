@@ -79,6 +79,9 @@ pub struct EpochStream {
     options: StreamOptions,
     /// Next window index to plan.
     planned: u64,
+    /// The rows of window indices `planned..planned + drawn.len()`, drawn in
+    /// bulk ahead of planning (one batched draw instead of one per position).
+    drawn: VecDeque<u32>,
     /// Rows and payload bytes of each in-flight batch, in sequence order.
     in_flight: VecDeque<(usize, u64)>,
     in_flight_rows: usize,
@@ -97,6 +100,7 @@ impl EpochStream {
             pool,
             options,
             planned: 0,
+            drawn: VecDeque::new(),
             in_flight: VecDeque::new(),
             in_flight_rows: 0,
             in_flight_bytes: 0,
@@ -177,12 +181,21 @@ impl EpochStream {
             let mut rows: Vec<u32> = Vec::new();
             let mut bytes = 0u64;
             while rows.len() < self.options.batch_rows.get() && self.planned < count {
-                let row = self.ctx.row_at(self.planned);
-                let len = self.ctx.payload_len(row);
+                if self.drawn.is_empty() {
+                    let n = (count - self.planned).min(self.options.batch_rows.get() as u64);
+                    let mut fresh = Vec::with_capacity(n as usize);
+                    self.ctx.rows_at(self.planned, n, &mut fresh);
+                    self.drawn.extend(fresh);
+                }
+                let Some(&row) = self.drawn.front() else {
+                    break; // unreachable: `n` >= 1 rows were just drawn
+                };
+                let len = self.ctx.payload_len(row as usize);
                 if !rows.is_empty() && bytes + len > self.options.max_batch_bytes.get() {
                     break;
                 }
-                rows.push(row as u32);
+                self.drawn.pop_front();
+                rows.push(row);
                 bytes += len;
                 self.planned += 1;
             }
