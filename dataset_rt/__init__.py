@@ -2,16 +2,20 @@
 
 Write expensive preprocessing once into immutable caches, edit the active
 population as a Polars table, and read reproducible weighted epoch streams, all
-driven by a Rust engine.
+driven by a Rust engine. Code written for dataset-rt 0.4.8 runs unchanged: every
+name it exported is here (and in `dataset_rt.api`); see docs/migrating.md.
 """
 
 from dataset_rt.config import (
+    DEFAULT_SHARD_COMPRESSION,
     DEFAULT_WRITER_CONFIG,
+    DEFAULT_WRITER_PROFILER_CONFIG,
     CompressionAlgo,
     ReaderConfig,
     ShardCompression,
     ShuffleMode,
     WriterConfig,
+    WriterProfilerConfig,
 )
 from dataset_rt.dataset import (
     CachedDataset,
@@ -31,6 +35,7 @@ from dataset_rt.errors import (
     SourceError,
 )
 from dataset_rt.records import (
+    AbsentManifestTarget,
     BytesLike,
     CachedSample,
     CacheInput,
@@ -38,15 +43,25 @@ from dataset_rt.records import (
     CacheWriteError,
     CacheWriteResult,
     CacheWriteSuccess,
+    Err,
+    ManifestUpdateEntry,
+    ManifestUpdateError,
+    ManifestUpdateReport,
     Metadata,
     MetadataValue,
+    Ok,
+    Result,
+    SizedTorchIterableDataset,
 )
 from dataset_rt.runtime import DatasetRuntime
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_SHARD_COMPRESSION",
     "DEFAULT_WRITER_CONFIG",
+    "DEFAULT_WRITER_PROFILER_CONFIG",
+    "AbsentManifestTarget",
     "BytesLike",
     "CacheIOError",
     "CacheInput",
@@ -63,16 +78,24 @@ __all__ = [
     "CorruptCacheError",
     "DatasetRTError",
     "DatasetRuntime",
+    "Err",
     "InternalError",
     "InvalidArgumentError",
     "InvalidPopulationError",
+    "ManifestUpdateEntry",
+    "ManifestUpdateError",
+    "ManifestUpdateReport",
     "Metadata",
     "MetadataValue",
     "NotFoundError",
+    "Ok",
     "ReaderConfig",
+    "Result",
     "SchemaMismatchError",
     "ShardCompression",
     "ShuffleMode",
+    "SizedTorchIterableDataset",
     "SourceError",
     "WriterConfig",
+    "WriterProfilerConfig",
 ]

@@ -9,18 +9,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import Any, NamedTuple, NoReturn, TypeAlias
 
 import polars as pl
 import pyarrow as pa
 
 from dataset_rt import _native
 from dataset_rt.config import ReaderConfig
-from dataset_rt.records import CachedSample, CacheWriteResult
-
-if TYPE_CHECKING:
-    # Type-only: dataset_rt.torch needs torch, and imports nothing of this module.
-    from dataset_rt.torch import CachedIterableDataset
+from dataset_rt.facade import facade_module
+from dataset_rt.integrations.torch import to_torch_iterable_dataset
+from dataset_rt.records import (
+    AbsentManifestTarget,
+    CachedSample,
+    CacheWriteResult,
+    Err,
+    ManifestUpdateEntry,
+    ManifestUpdateError,
+    ManifestUpdateReport,
+    Ok,
+    Result,
+    SizedTorchIterableDataset,
+)
 
 
 class CachedDataset:
@@ -32,11 +41,12 @@ class CachedDataset:
     `DatasetRuntime.from_cache_sources` to create one.
     """
 
-    __slots__ = ("_engine", "cache_paths", "reader_config")
+    __slots__ = ("_engine", "_num_workers", "cache_paths", "reader_config")
 
     cache_paths: list[Path]
     reader_config: ReaderConfig
     _engine: _native.Dataset
+    _num_workers: int
 
     def __init__(self) -> None:
         raise TypeError("use DatasetRuntime.cached_dataset() to open a CachedDataset")
@@ -48,8 +58,41 @@ class CachedDataset:
         dataset = cls.__new__(cls)
         dataset.cache_paths = list(paths)
         dataset.reader_config = config
+        dataset._num_workers = runtime.num_workers
         dataset._engine = _native.Dataset(runtime, [str(p) for p in paths], config.options)
         return dataset
+
+    @property
+    def num_workers(self) -> int:
+        """The worker threads of the runtime that opened this dataset."""
+        return self._num_workers
+
+    # -- export and rebuild ---------------------------------------------------------
+
+    def dump_config(self, path: str | Path) -> Path:
+        """Save this dataset's settings and active population into an existing directory.
+
+        Writes ``metadata.arrow`` (the active table: rows, order, duplicates,
+        weights, extra columns) and then ``dataset.json`` (cache paths, reader
+        config, worker count, epoch length), never overwriting a file, and
+        returns the ``dataset.json`` path. Payloads are referenced, not copied;
+        the stream position is not saved. See `from_config`.
+        """
+        from dataset_rt.reconstruction import dump_configuration
+
+        return dump_configuration(self, path)
+
+    @classmethod
+    def from_config(cls, path: str | Path) -> CachedDataset:
+        """A fresh dataset from a ``dataset.json`` written by `dump_config`.
+
+        Opens the caches on a new runtime of the saved worker count, validates
+        the saved population as `update_metadata` does, restores the epoch
+        length, and starts at stream position 0.
+        """
+        from dataset_rt.reconstruction import load_configuration
+
+        return load_configuration(path)
 
     # -- population -------------------------------------------------------------
 
@@ -57,8 +100,9 @@ class CachedDataset:
         """The active population as a Polars DataFrame.
 
         Columns: ``cache_id`` (UInt64), ``sample_id`` (UInt64), the stored metadata
-        columns, ``weight`` (Float64), then any extra columns of the last update, in
-        the row order of the last update (duplicates included).
+        columns sorted by name (as dataset-rt 0.4.8 listed them), ``weight``
+        (Float64), then any extra columns; after an update, the columns and row
+        order of the table given (duplicates included).
         """
         return pl.DataFrame(self._engine.metadata())
 
@@ -218,18 +262,61 @@ class CachedDataset:
         return pa.table(table).column("row").combine_chunks()
 
     def get_item(self, cache_id: int, sample_id: int) -> CachedSample:
-        """Read one record by identity (stored metadata, not the population's extras)."""
+        """Read one record by identity (stored metadata, not the population's extras).
+
+        Reads nothing else: no iterator or stream position moves, and a record
+        removed from the population is still readable. Raises ``TypeError`` when
+        an id is not an ``int`` (``bool``, ``str`` and ``float`` are refused) and
+        ``IndexError`` ("out of range") when it is negative, does not fit in 64
+        bits, or names no cache or record of this dataset.
+        """
         return self._engine.get_item(cache_id, sample_id)
 
-    def to_torch_iterable_dataset(self) -> CachedIterableDataset:
-        """Wrap this dataset as a ``torch.utils.data.IterableDataset``.
+    def to_torch_iterable_dataset(self) -> SizedTorchIterableDataset:
+        """Wrap this dataset as a sized ``torch.utils.data.IterableDataset``.
 
-        Each DataLoader worker reads a disjoint stride of the epoch. Raises
-        ImportError when torch is not installed.
+        Each ``iter()`` takes the next epoch. Use it with ``num_workers=0``
+        (DataLoader workers raise ``RuntimeError``, as in dataset-rt 0.4.8; for
+        workers use `dataset_rt.torch.DatasetLoader`). Raises ImportError when
+        torch is not installed.
         """
-        from dataset_rt.torch import CachedIterableDataset
+        return to_torch_iterable_dataset(self)
 
-        return CachedIterableDataset(self)
+    def to_torch_dataloader(self, **options: object) -> NoReturn:
+        """Not provided: dataset-rt 0.4.8's DataLoader factory. Raises NotImplementedError.
+
+        Use `dataset_rt.torch.DatasetLoader` (docs/training.md): every epoch
+        partitioned over ranks and DataLoader workers, with exact checkpoint and
+        resume; docs/migrating.md maps 0.4.8's options to it.
+        """
+        raise NotImplementedError(
+            "CachedDataset.to_torch_dataloader (dataset-rt 0.4.8) is not provided: use "
+            "dataset_rt.torch.DatasetLoader, which partitions every epoch over ranks and "
+            "DataLoader workers and resumes exactly (docs/training.md, docs/migrating.md)"
+        )
+
+    def update_manifests(self, version: int) -> Result[ManifestUpdateReport, ManifestUpdateError]:
+        """dataset-rt 0.4.8's migration of v2 manifests to v3, kept for its callers.
+
+        The caches of this format already carry their persistent ``cache_id``, so
+        there is nothing to migrate: ``update_manifests(3)`` returns
+        ``Ok(ManifestUpdateReport)`` with one ``"unchanged"`` entry per cache and
+        touches no file. Any other ``version`` is refused with
+        ``Err(ManifestUpdateError)``.
+        """
+        if type(version) is not int or version != 3:
+            return Err(
+                ManifestUpdateError(
+                    AbsentManifestTarget("unsupported migration request"),
+                    f"unsupported manifest migration target {version!r}; expected integer 3",
+                )
+            )
+        ids = self._engine.cache_ids
+        entries = tuple(
+            ManifestUpdateEntry(path / "manifest.json", cache_id, "unchanged")
+            for path, cache_id in zip(self.cache_paths, ids, strict=True)
+        )
+        return Ok(ManifestUpdateReport(entries))
 
     @property
     def num_rows(self) -> int:
@@ -275,3 +362,5 @@ class CacheSourcesDatasetError(NamedTuple):
 
 
 CacheSourcesDatasetResult: TypeAlias = CacheSourcesDatasetSuccess | CacheSourcesDatasetError
+
+facade_module(CachedDataset, CacheSourcesDatasetSuccess, CacheSourcesDatasetError)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import operator
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dataset_rt import _native
 from dataset_rt.config import DEFAULT_WRITER_CONFIG, ReaderConfig, WriterConfig
@@ -15,6 +17,7 @@ from dataset_rt.dataset import (
     CacheSourcesDatasetSuccess,
 )
 from dataset_rt.errors import DatasetRTError, InvalidArgumentError
+from dataset_rt.facade import facade_module
 from dataset_rt.records import (
     CacheSource,
     CacheWriteError,
@@ -131,7 +134,9 @@ class DatasetRuntime:
             failures = "; ".join(
                 f"{r.source_name}: {r.message}" for r in results if isinstance(r, CacheWriteError)
             )
-            return CacheSourcesDatasetError(results, failures or "no cache sources were given")
+            # dataset-rt 0.4.8's words, which its users compare with `==`.
+            message = f"no caches were written: {failures}" if failures else None
+            return CacheSourcesDatasetError(results, message or "no cache sources were provided")
         try:
             dataset = self.cached_dataset(paths, reader_config=reader_config)
         except DatasetRTError as error:
@@ -150,23 +155,47 @@ class DatasetRuntime:
             raise InvalidArgumentError(
                 f"writer_config must be a WriterConfig, got {type(config).__name__}"
             )
+        source_list = _as_source_list(sources)
+        # Two sources of one name would write one directory: refuse before writing.
+        names = [_source_name(source, position) for position, source in enumerate(source_list)]
+        _native.check_source_names(str(base_dir), names)
+        options = config.options
+        profiles: list[tuple[str, _native.WriteProfiler]] = []
         results: list[CacheWriteResult] = []
-        for position, source in enumerate(_as_source_list(sources)):
-            name = _source_name(source, position)
-            try:
-                path = self._write_one(source, name, base_dir, config, reuse=reuse)
-            except DatasetRTError as error:
-                results.append(CacheWriteError(name, str(error)))
-            except Exception as error:  # a source's own bug must not stop the others
-                results.append(
-                    CacheWriteError(name, f"the source raised {type(error).__name__}: {error}")
-                )
-            else:
-                results.append(CacheWriteSuccess(name, path))
+        try:
+            for position, source in enumerate(source_list):
+                name = _source_name(source, position)
+                profiler = None
+                if options.profile_path is not None:
+                    profiler = _native.WriteProfiler()
+                    profiles.append((name, profiler))
+                try:
+                    path = self._write_one(
+                        source, name, base_dir, config, reuse=reuse, profiler=profiler
+                    )
+                except DatasetRTError as error:
+                    results.append(CacheWriteError(name, str(error)))
+                except Exception as error:  # a source's own bug must not stop the others
+                    results.append(
+                        CacheWriteError(name, f"the source raised {type(error).__name__}: {error}")
+                    )
+                else:
+                    results.append(CacheWriteSuccess(name, path))
+        finally:
+            # Also when a source raised KeyboardInterrupt: the profile says where it was.
+            if options.profile_path is not None:
+                _write_profile(Path(options.profile_path), profiles)
         return results
 
     def _write_one(
-        self, source: object, name: str, base_dir: Path, config: WriterConfig, *, reuse: bool
+        self,
+        source: object,
+        name: str,
+        base_dir: Path,
+        config: WriterConfig,
+        *,
+        reuse: bool,
+        profiler: _native.WriteProfiler | None = None,
     ) -> Path:
         if not isinstance(getattr(source, "name", None), str):
             raise InvalidArgumentError(
@@ -185,5 +214,28 @@ class DatasetRuntime:
             name,
             config.options,
             total=_length_hint(source),
+            profiler=profiler,
         )
         return Path(written)
+
+
+def _write_profile(path: Path, profiles: list[tuple[str, _native.WriteProfiler]]) -> None:
+    """Write the stage profile of one write (`WriterProfilerConfig`) as JSON."""
+    summary: dict[str, Any] = {
+        "format_version": 1,
+        "sources": [
+            {
+                "source_name": name,
+                "stages": [
+                    {"name": stage, "calls": calls, "bytes": size, "seconds": seconds}
+                    for stage, calls, size, seconds in profiler.totals()
+                ],
+            }
+            for name, profiler in profiles
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+facade_module(DatasetRuntime)

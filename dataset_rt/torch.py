@@ -1,5 +1,5 @@
-"""PyTorch adapters: a training loader with exact checkpoint and resume, and a
-``CachedDataset`` as an ``IterableDataset``.
+"""PyTorch adapter: a training loader with exact checkpoint and resume (a
+``CachedDataset`` as an ``IterableDataset`` is in `dataset_rt.integrations.torch`).
 
 `DatasetLoader` reads one rank's partition of an epoch as batches of
 ``batch_size`` samples (the partition rule with ``block = batch_size``), through
@@ -26,8 +26,8 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sized
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 try:
     import torch
@@ -51,7 +51,6 @@ from dataset_rt.loader import (
     blocks,
     check_population_id,
 )
-from dataset_rt.records import CachedSample
 from dataset_rt.service import StreamRequest
 from dataset_rt.signals import InputStats
 
@@ -558,35 +557,3 @@ def _worker_context(method: str) -> Any:
     if method == "forkserver":
         context.set_forkserver_preload([__name__])
     return context
-
-
-# -- CachedDataset as an IterableDataset ----------------------------------------------
-
-
-class EpochSource(Sized, Protocol):
-    """What `CachedIterableDataset` reads: a `CachedDataset` (kept structural so
-    this module does not import the dataset module, which imports this one lazily)."""
-
-    def __iter__(self) -> Iterator[CachedSample]: ...
-
-    def iter_samples(self, *, rank: int = 0, world_size: int = 1) -> Iterator[CachedSample]: ...
-
-
-class CachedIterableDataset(IterableDataset[CachedSample]):  # type: ignore[misc, unused-ignore]
-    """Each ``iter()`` takes the dataset's next epoch; DataLoader workers split it.
-
-    Worker ``w`` of ``n`` reads positions ``w, w + n, ...`` of the epoch, so the
-    workers together read every position once.
-    """
-
-    def __init__(self, dataset: EpochSource) -> None:
-        self._dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self._dataset)
-
-    def __iter__(self) -> Iterator[CachedSample]:
-        info = get_worker_info()
-        if info is None:
-            return iter(self._dataset)
-        return self._dataset.iter_samples(rank=info.id, world_size=info.num_workers)

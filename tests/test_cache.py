@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import array
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -14,6 +13,7 @@ from typing import Any
 import polars as pl
 import pytest
 from conftest import ListSource, make_records, write
+from pydantic import ValidationError
 
 import dataset_rt as drt
 
@@ -116,7 +116,7 @@ FAILING_SOURCES: list[tuple[Any, str]] = [
     (ListSource("int_key", [drt.CacheInput(b"x", {1: 1})]), "str"),  # type: ignore[dict-item]
     (ListSource("huge_int", [drt.CacheInput(b"x", {"label": 2**70})]), "label"),
     (NotIterable("not_iterable"), "not_iterable"),
-    (ListSource("empty", []), "no records"),
+    (ListSource("empty", []), "yielded no samples"),
     (ListSource("../x", make_records(3)), "../x"),
     (ListSource("a/b", make_records(3)), "a/b"),
     (ListSource(".hidden", make_records(3)), ".hidden"),
@@ -249,14 +249,16 @@ def test_stored_metadata_types_and_get_item(runtime: drt.DatasetRuntime, tmp_pat
     path = write(tmp_path, ListSource("typed", records))
     dataset = runtime.cached_dataset([path], reader_config=READ)
     table = dataset.get_metadata()
+    # The table lists the stored columns by name (dataset-rt 0.4.8's order);
+    # `metadata_columns` keeps the order the records gave them.
     assert table.schema == pl.Schema(
         {
             "cache_id": pl.UInt64,
             "sample_id": pl.UInt64,
-            "label": pl.Int64,
-            "score": pl.Float64,
             "flag": pl.Boolean,
+            "label": pl.Int64,
             "name": pl.String,
+            "score": pl.Float64,
             "weight": pl.Float64,
         }
     )
@@ -270,10 +272,22 @@ def test_stored_metadata_types_and_get_item(runtime: drt.DatasetRuntime, tmp_pat
             records[sample_id].data, dict(records[sample_id].metadata), cache_id, sample_id
         )
         assert [type(v) for v in item.metadata.values()] == [int, float, bool, str]
-    with pytest.raises(drt.InvalidArgumentError, match="sample_id 12"):
+    # An identity this dataset does not have is out of range, as for a sequence
+    # (IndexError, dataset-rt 0.4.8's class); an id that is not an int is a TypeError.
+    with pytest.raises(IndexError, match="sample_id 12 is out of range"):
         dataset.get_item(cache_id, 12)
-    with pytest.raises(drt.InvalidArgumentError, match="cache_id"):
+    with pytest.raises(IndexError, match=r"cache_id \d+ is out of range"):
         dataset.get_item(cache_id ^ 1, 0)
+    for bad_id in (-1, 2**64):
+        with pytest.raises(IndexError, match="out of range"):
+            dataset.get_item(bad_id, 0)
+        with pytest.raises(IndexError, match="out of range"):
+            dataset.get_item(cache_id, bad_id)
+    for not_int in (True, "0", 1.0, None):
+        with pytest.raises(TypeError, match="must be integers"):
+            dataset.get_item(not_int, 0)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="must be integers"):
+            dataset.get_item(cache_id, not_int)  # type: ignore[arg-type]
 
 
 # -- compression and shards -------------------------------------------------------
@@ -641,13 +655,18 @@ BAD_CONFIGS: list[tuple[Any, dict[str, Any], str]] = [
 @pytest.mark.parametrize(
     ("cls", "kwargs", "field"), BAD_CONFIGS, ids=[f"{c.__name__}-{k}" for c, k, _ in BAD_CONFIGS]
 )
-def test_bad_config_values_raise_invalid_argument(
+def test_bad_config_values_raise_validation_error(
     cls: Any, kwargs: dict[str, Any], field: str
 ) -> None:
-    with pytest.raises(drt.InvalidArgumentError, match=field) as info:
+    # The configs are pydantic models (as in dataset-rt 0.4.8): a bad field is a
+    # pydantic ValidationError, which is a ValueError naming the class and field.
+    with pytest.raises(ValidationError, match=field) as info:
         cls(**kwargs)
     assert isinstance(info.value, ValueError)
     assert cls.__name__ in str(info.value)
+    # From a YAML/Hydra mapping, the same.
+    with pytest.raises(ValidationError, match=field):
+        cls.model_validate(kwargs)
 
 
 def test_configs_are_frozen_and_have_documented_defaults() -> None:
@@ -664,7 +683,7 @@ def test_configs_are_frozen_and_have_documented_defaults() -> None:
         (writer, "prefetch_size"),
         (writer.shard_compression, "algo"),
     ]:
-        with pytest.raises(dataclasses.FrozenInstanceError):
+        with pytest.raises(ValidationError, match="frozen"):
             setattr(config, field, 1)
     drt.ReaderConfig(seed=2**64 - 1)
     drt.ReaderConfig(seed=-(2**63))

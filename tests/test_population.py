@@ -27,13 +27,15 @@ import dataset_rt as drt
 N = 12
 SEED = 11
 STORED = ["label", "score", "flag", "name"]
+# The default table's columns: identities, the stored columns by name (as
+# dataset-rt 0.4.8 ordered them, whatever the records' key order), weight.
 SCHEMA = {
     "cache_id": pl.UInt64,
     "sample_id": pl.UInt64,
-    "label": pl.Int64,
-    "score": pl.Float64,
     "flag": pl.Boolean,
+    "label": pl.Int64,
     "name": pl.String,
+    "score": pl.Float64,
     "weight": pl.Float64,
 }
 RECORDS = make_records(N)

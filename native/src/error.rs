@@ -87,15 +87,26 @@ impl Error {
     }
 
     /// A rejection of `count` rows of `column`, the first of them `first_row`.
+    /// `problem` is a whole sentence (it names the column); the rows are added.
     pub fn population_rows(column: &str, first_row: u64, count: u64, problem: &str) -> Self {
         Error::InvalidPopulation {
             column: Some(column.to_string()),
             first_row: Some(first_row),
             count: Some(count),
             message: format!(
-                "column '{column}': {problem} (first offending row {first_row}, {count} row{} fail)",
+                "{problem} (first offending row {first_row}, {count} row{} fail)",
                 if count == 1 { "" } else { "s" }
             ),
+        }
+    }
+
+    /// A rejection of a whole column (its type, its presence).
+    pub fn population_column(column: &str, message: impl Into<String>) -> Self {
+        Error::InvalidPopulation {
+            column: Some(column.to_string()),
+            first_row: None,
+            count: None,
+            message: message.into(),
         }
     }
 

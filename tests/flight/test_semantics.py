@@ -315,7 +315,8 @@ def test_default_population_is_the_caches_full_table(
     raw: flight.FlightClient, runtime: drt.DatasetRuntime, toy_caches: tuple[Path, Path]
 ) -> None:
     table = metadata(raw)
-    assert table.columns == ["cache_id", "sample_id", *STORED_COLUMNS, "weight"]
+    # The stored columns by name, as the library's get_metadata() (dataset-rt 0.4.8's order).
+    assert table.columns == ["cache_id", "sample_id", *sorted(STORED_COLUMNS), "weight"]
     assert table.height == ROWS
     assert table["weight"].to_list() == [1.0] * ROWS
     assert_frame_equal(table, library(toy_caches, runtime).get_metadata())

@@ -34,7 +34,9 @@ pub struct Population {
 }
 
 impl Population {
-    /// Every record of every cache once, weight 1.0.
+    /// Every record of every cache once, weight 1.0. The columns are
+    /// `cache_id`, `sample_id`, the stored columns by name (as dataset-rt 0.4.8
+    /// ordered them), `weight`.
     pub fn full(caches: &CacheSet) -> Result<Self> {
         let total = caches.total_records() as usize;
         let mut cache_index = Vec::with_capacity(total);
@@ -53,7 +55,10 @@ impl Population {
             Arc::new(UInt64Array::from(cache_ids)),
             Arc::new(UInt64Array::from(sample_ids.clone())),
         ];
-        for (k, spec) in caches.columns().iter().enumerate() {
+        let mut stored: Vec<(usize, &crate::storage::ColumnSpec)> =
+            caches.columns().iter().enumerate().collect();
+        stored.sort_by(|a, b| a.1.name.cmp(&b.1.name));
+        for (k, spec) in stored {
             let parts: Vec<&dyn arrow_array::Array> = caches
                 .caches()
                 .iter()

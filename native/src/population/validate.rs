@@ -1,7 +1,9 @@
 //! All-or-nothing validation of a metadata table against its caches.
 //!
 //! Every rejection names the column, the first offending row and how many rows
-//! fail, and says what would be valid.
+//! fail, and says what would be valid. Each message starts with dataset-rt
+//! 0.4.8's words for the same failure ("samples metadata column 'weight'
+//! contains null", ...), which its users match on, and adds ours.
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type};
@@ -22,7 +24,7 @@ pub fn validate_table(caches: &CacheSet, table: &RecordBatch) -> Result<CheckedR
     check_unique_columns(table)?;
     if table.num_rows() == 0 {
         return Err(Error::population(
-            "the table is empty (0 rows); a population needs at least one row",
+            "metadata table must include at least one sample: the table is empty (0 rows)",
         ));
     }
     if table.num_rows() > u32::MAX as usize {
@@ -90,18 +92,20 @@ fn check_required_columns(caches: &CacheSet, table: &RecordBatch) -> Result<()> 
         .copied()
         .filter(|name| schema.column_with_name(name).is_none())
         .collect();
-    if !missing.is_empty() {
-        return Err(Error::InvalidPopulation {
-            column: missing.first().map(|s| s.to_string()),
-            first_row: None,
-            count: None,
-            message: format!(
-                "missing column{} {}; a population table needs {} (extra columns are allowed)",
-                if missing.len() == 1 { "" } else { "s" },
-                quote_list(&missing),
+    if let Some(first) = missing.first() {
+        let others = if missing.len() > 1 {
+            format!(" (missing columns: {})", quote_list(&missing))
+        } else {
+            String::new()
+        };
+        return Err(Error::population_column(
+            first,
+            format!(
+                "samples metadata missing '{first}' column{others}; a population table needs {} \
+                 (extra columns are allowed)",
                 quote_list(&required)
             ),
-        });
+        ));
     }
     Ok(())
 }
@@ -118,19 +122,17 @@ fn quote_list(names: &[&str]) -> String {
 fn identity_column(table: &RecordBatch, name: &str) -> Result<Vec<u64>> {
     let column = table
         .column_by_name(name)
-        .ok_or_else(|| Error::population(format!("missing column '{name}'")))?;
+        .ok_or_else(|| Error::population(format!("samples metadata missing '{name}' column")))?;
     if !column.data_type().is_integer() {
-        return Err(Error::InvalidPopulation {
-            column: Some(name.into()),
-            first_row: None,
-            count: None,
-            message: format!(
-                "column '{name}' is {}; it must be an integer column (UInt64)",
+        return Err(Error::population_column(
+            name,
+            format!(
+                "samples metadata column '{name}' must be an integer: it is {} (use UInt64)",
                 column.data_type()
             ),
-        });
+        ));
     }
-    reject_nulls(name, column, "is null; identities must be set")?;
+    reject_nulls(name, column, "identities must be set")?;
     if let Some(unsigned) = column.as_primitive_opt::<arrow_array::types::UInt64Type>() {
         return Ok(unsigned.values().to_vec());
     }
@@ -153,13 +155,17 @@ fn identity_column(table: &RecordBatch, name: &str) -> Result<Vec<u64>> {
             name,
             first,
             bad,
-            "is negative; identities are unsigned 64-bit integers",
+            &format!(
+                "samples metadata column '{name}' must be non-negative: identities are unsigned \
+                 64-bit integers"
+            ),
         ));
     }
     Ok(values)
 }
 
-fn reject_nulls(name: &str, column: &ArrayRef, problem: &str) -> Result<()> {
+/// Refuse null cells; `rule` says why values are needed.
+fn reject_nulls(name: &str, column: &ArrayRef, rule: &str) -> Result<()> {
     if column.null_count() == 0 {
         return Ok(());
     }
@@ -168,7 +174,7 @@ fn reject_nulls(name: &str, column: &ArrayRef, problem: &str) -> Result<()> {
         name,
         first as u64,
         column.null_count() as u64,
-        problem,
+        &format!("samples metadata column '{name}' contains null; {rule}"),
     ))
 }
 
@@ -207,7 +213,8 @@ fn resolve_caches(caches: &CacheSet, cache_ids: &[u64]) -> Result<Vec<u32>> {
             row,
             bad,
             &format!(
-                "unknown cache_id {id}; the dataset's caches are [{}]",
+                "unknown samples metadata row identity: column 'cache_id' has unknown cache_id \
+                 {id}; the dataset's caches are [{}]",
                 known.join(", ")
             ),
         ));
@@ -231,7 +238,8 @@ fn check_sample_ids(caches: &CacheSet, cache_index: &[u32], sample_ids: &[u64]) 
             row,
             bad,
             &format!(
-                "unknown sample_id {sid}; cache {} has sample ids 0..{}",
+                "unknown samples metadata row identity: column 'sample_id' has unknown sample_id \
+                 {sid}; cache {} has sample ids 0..{}",
                 cache.cache_id(),
                 cache.len()
             ),
@@ -253,7 +261,7 @@ fn check_stored_column(
 ) -> Result<()> {
     let column = table
         .column_by_name(name)
-        .ok_or_else(|| Error::population(format!("missing column '{name}'")))?;
+        .ok_or_else(|| Error::population(format!("samples metadata missing '{name}' column")))?;
     let accepted = match dtype {
         MetaType::String => matches!(
             column.data_type(),
@@ -262,23 +270,23 @@ fn check_stored_column(
         _ => column.data_type() == &dtype.arrow(),
     };
     if !accepted {
-        return Err(Error::InvalidPopulation {
-            column: Some(name.into()),
-            first_row: None,
-            count: None,
-            message: format!(
-                "column '{name}' is {} but the cache stores it as {} ({}); stored columns keep \
-                 their type (add a new column for derived values)",
+        return Err(Error::population_column(
+            name,
+            format!(
+                "samples metadata column '{name}' must have Arrow type {}: the table has {} but \
+                 the cache stores it as {} ({}); stored columns keep their type (add a new \
+                 column for derived values)",
+                dtype.arrow(),
                 column.data_type(),
                 dtype.arrow(),
                 dtype.name()
             ),
-        });
+        ));
     }
     reject_nulls(
         name,
         column,
-        "is null; stored metadata columns must equal the cache's values",
+        "stored metadata columns must equal the cache's values",
     )?;
     let stored: Vec<&ArrayRef> = caches
         .caches()
@@ -334,9 +342,9 @@ fn check_stored_column(
             row,
             count,
             &format!(
-                "the table's value {got} differs from the cache's stored value {want} for that \
-                 (cache_id, sample_id); stored columns are read-only (add a new column for \
-                 derived values)"
+                "samples metadata column '{name}' differs from the cache: the table's value \
+                 {got} differs from the cache's stored value {want} for that (cache_id, \
+                 sample_id); stored columns are read-only (add a new column for derived values)"
             ),
         ));
     }
@@ -363,24 +371,23 @@ fn first_mismatch<'a>(
 fn weight_column(table: &RecordBatch) -> Result<Vec<f64>> {
     let column = table
         .column_by_name("weight")
-        .ok_or_else(|| Error::population("missing column 'weight'"))?;
+        .ok_or_else(|| Error::population("samples metadata missing 'weight' column"))?;
     let numeric = column.data_type().is_numeric()
         && !matches!(
             column.data_type(),
             DataType::Decimal128(..) | DataType::Decimal256(..)
         );
     if !numeric {
-        return Err(Error::InvalidPopulation {
-            column: Some("weight".into()),
-            first_row: None,
-            count: None,
-            message: format!(
-                "column 'weight' is {}; it must be numeric (Float64), finite and > 0",
+        return Err(Error::population_column(
+            "weight",
+            format!(
+                "samples metadata column 'weight' must be numeric: it is {} (use Float64 \
+                 values that are finite and > 0)",
                 column.data_type()
             ),
-        });
+        ));
     }
-    reject_nulls("weight", column, "is null; weights must be finite and > 0")?;
+    reject_nulls("weight", column, "weights must be finite and > 0")?;
     let as_f64 = arrow_cast::cast(column, &DataType::Float64)?;
     let values = as_f64.as_primitive::<Float64Type>().values();
     let mut bad = 0u64;
@@ -405,7 +412,10 @@ fn weight_column(table: &RecordBatch) -> Result<Vec<f64>> {
             "weight",
             row as u64,
             bad,
-            &format!("weight is {kind}; weights must be finite and > 0"),
+            &format!(
+                "samples metadata column 'weight' must be positive and finite: weight is {kind} \
+                 (weights must be finite and > 0)"
+            ),
         ));
     }
     Ok(values.to_vec())

@@ -5,6 +5,7 @@
 
 use std::num::{NonZeroU64, NonZeroUsize};
 
+use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
@@ -47,6 +48,33 @@ pub fn positive(name: &str, value: &Bound<'_, PyAny>) -> PyResult<NonZeroU64> {
         .ok()
         .and_then(NonZeroU64::new)
         .ok_or_else(|| Error::invalid(format!("'{name}' must be >= 1, got {n}")))
+        .py()
+}
+
+/// A worker count: an int `>= 1` that fits in a `usize` ("num_workers must be
+/// greater than zero", dataset-rt 0.4.8's words, which its users match on).
+pub fn num_workers(value: &Bound<'_, PyAny>) -> PyResult<NonZeroUsize> {
+    let n = integer("num_workers", value, ">= 1")?;
+    if n < 1 {
+        return Err(Error::invalid(format!(
+            "num_workers must be greater than zero (>= 1), got {n}"
+        )))
+        .py();
+    }
+    usize::try_from(n)
+        .ok()
+        .and_then(NonZeroUsize::new)
+        .ok_or_else(|| Error::invalid(format!("num_workers is too large, got {n}")))
+        .py()
+}
+
+/// An epoch length: an int `>= 1` ("epoch_len must be at least 1", 0.4.8's words).
+pub fn epoch_len(value: &Bound<'_, PyAny>) -> PyResult<NonZeroU64> {
+    let n = integer("epoch_len", value, ">= 1")?;
+    u64::try_from(n)
+        .ok()
+        .and_then(NonZeroU64::new)
+        .ok_or_else(|| Error::invalid(format!("epoch_len must be at least 1, got {n}")))
         .py()
 }
 
@@ -139,4 +167,30 @@ impl<'py> IntoPyObject<'py> for ShuffleMode {
             ShuffleMode::Permutation => pyo3::types::PyString::new(py, "permutation").into_any(),
         })
     }
+}
+
+/// A record identity (`cache_id` or `sample_id`) of `get_item`, with the
+/// exception classes of a Python sequence: `TypeError` for anything but an
+/// `int` (`bool`, `str` and `float` included), `IndexError` for an int that is
+/// negative or does not fit in 64 bits. Messages keep dataset-rt 0.4.8's words
+/// ("must be integers", "is out of range").
+pub fn identity(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let repr = || value.repr().map(|r| r.to_string()).unwrap_or_default();
+    if value.cast::<PyBool>().is_ok() || value.cast::<PyInt>().is_err() {
+        let kind = value
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        return Err(PyTypeError::new_err(format!(
+            "cache_id and sample_id must be integers; {name} is {kind} {}",
+            repr()
+        )));
+    }
+    value.extract::<u64>().map_err(|_| {
+        PyIndexError::new_err(format!(
+            "{name} {} is out of range (identities are integers from 0 to 2**64 - 1)",
+            repr()
+        ))
+    })
 }

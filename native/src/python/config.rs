@@ -10,7 +10,7 @@ use super::args::{boolean, integer, positive_usize, seed, shuffle_mode, unsigned
 use super::errors::IntoPyResult;
 use crate::error::{Error, Result};
 use crate::sampling::ShuffleMode;
-use crate::storage::{Codec, Compression, WriterOptions};
+use crate::storage::{check_ratio, Codec, Compression, WriterOptions};
 
 /// Name the config field an engine rule is about: with the prefix
 /// "WriterConfig.", "prefetch_size must be ..." becomes "WriterConfig.prefetch_size
@@ -62,8 +62,8 @@ pub struct CompressionOptions {
 #[pymethods]
 impl CompressionOptions {
     #[new]
-    #[pyo3(signature = (*, algo, level))]
-    fn new(algo: &Bound<'_, PyAny>, level: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (*, algo, level, ratio=1.0))]
+    fn new(algo: &Bound<'_, PyAny>, level: &Bound<'_, PyAny>, ratio: f64) -> PyResult<Self> {
         let algo: String = algo.extract().map_err(|_| {
             super::errors::to_pyerr(Error::invalid(format!(
                 "ShardCompression.algo must be 'none', 'lz4' or 'zstd', got {}",
@@ -79,6 +79,7 @@ impl CompressionOptions {
         .map_err(|_| Error::invalid("ShardCompression.level must be between 1 and 22"))
         .py()?;
         let engine = field_of("ShardCompression.level: ", Compression::new(codec, level))?;
+        field_of("ShardCompression: ", check_ratio(codec, ratio))?;
         Ok(CompressionOptions { engine })
     }
 }
@@ -91,19 +92,46 @@ pub struct WriteOptions {
     pub show_progress: bool,
     #[pyo3(get)]
     pub validate_cache: bool,
+    /// dataset-rt 0.4.8's process settings, validated and kept (every source is
+    /// written in the calling process; the workers are threads).
+    #[pyo3(get)]
+    pub num_processes: u64,
+    #[pyo3(get)]
+    pub process_timeout_seconds: f64,
+    /// Where to write the stage profile, when profiling is on.
+    #[pyo3(get)]
+    pub profile_path: Option<String>,
 }
 
 #[pymethods]
 impl WriteOptions {
     #[new]
-    #[pyo3(signature = (*, prefetch_size, max_shard_bytes, compression, show_progress, validate_cache))]
+    #[pyo3(signature = (
+        *, prefetch_size, max_shard_bytes, compression, show_progress, validate_cache,
+        num_processes=None, process_timeout_seconds=3600.0, profile_path=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         prefetch_size: &Bound<'_, PyAny>,
         max_shard_bytes: &Bound<'_, PyAny>,
         compression: &CompressionOptions,
         show_progress: &Bound<'_, PyAny>,
         validate_cache: &Bound<'_, PyAny>,
+        num_processes: Option<&Bound<'_, PyAny>>,
+        process_timeout_seconds: f64,
+        profile_path: Option<String>,
     ) -> PyResult<Self> {
+        let num_processes = num_processes
+            .map(|n| unsigned("WriterConfig.num_processes", n))
+            .transpose()?
+            .unwrap_or(0);
+        if !(process_timeout_seconds.is_finite() && process_timeout_seconds > 0.0) {
+            return Err(Error::invalid(format!(
+                "WriterConfig.process_timeout_seconds must be finite and greater than zero, \
+                 got {process_timeout_seconds}"
+            )))
+            .py();
+        }
         let prefetch = unsigned("WriterConfig.prefetch_size", prefetch_size)?;
         let shard_bytes = unsigned("WriterConfig.max_shard_bytes", max_shard_bytes)?;
         let prefetch = usize::try_from(prefetch)
@@ -117,6 +145,9 @@ impl WriteOptions {
             engine,
             show_progress: boolean("WriterConfig.show_progress", show_progress)?,
             validate_cache: boolean("WriterConfig.validate_cache", validate_cache)?,
+            num_processes,
+            process_timeout_seconds,
+            profile_path,
         })
     }
 }

@@ -8,11 +8,12 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type, UInt64Type};
 use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchReader, UInt32Array};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
+use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyString, PyType};
 
-use super::args::{positive, positive_usize_or, unsigned};
+use super::args::{identity, positive, positive_usize_or, unsigned};
 use super::arrow::{concat, export_stream, import_table, ArrowTable};
 use super::config::ReaderOptions;
 use super::errors::{to_pyerr, Failure, IntoPyResult};
@@ -124,6 +125,17 @@ impl Dataset {
         Ok(self.inner.population().py()?.num_rows())
     }
 
+    /// The `cache_id` of each cache, in the order the dataset was opened with.
+    #[getter]
+    fn cache_ids(&self) -> Vec<u64> {
+        self.inner
+            .caches()
+            .caches()
+            .iter()
+            .map(|c| c.cache_id())
+            .collect()
+    }
+
     #[getter]
     fn stored_columns(&self) -> Vec<String> {
         self.inner
@@ -150,7 +162,7 @@ impl Dataset {
 
     fn set_epoch_len(&self, epoch_len: &Bound<'_, PyAny>) -> PyResult<()> {
         self.inner
-            .set_epoch_len(positive("epoch_len", epoch_len)?)
+            .set_epoch_len(super::args::epoch_len(epoch_len)?)
             .py()
     }
 
@@ -266,25 +278,31 @@ impl Dataset {
         Ok(ArrowTable::new(batch))
     }
 
-    fn get_item(&self, py: Python<'_>, cache_id: u64, sample_id: u64) -> PyResult<Py<PyAny>> {
+    /// One record by identity. The exception classes are a sequence's
+    /// (`TypeError`, `IndexError`: see `args::identity`); an id that names no
+    /// cache or record of this dataset is "out of range" too.
+    fn get_item(
+        &self,
+        py: Python<'_>,
+        cache_id: &Bound<'_, PyAny>,
+        sample_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let cache_id = identity("cache_id", cache_id)?;
+        let sample_id = identity("sample_id", sample_id)?;
         let caches = self.inner.caches();
         let index = caches.index_of(cache_id).ok_or_else(|| {
-            to_pyerr(Error::invalid(format!(
-                "unknown cache_id {cache_id}; the dataset's caches are {:?}",
-                caches
-                    .caches()
-                    .iter()
-                    .map(|c| c.cache_id())
-                    .collect::<Vec<_>>()
-            )))
+            PyIndexError::new_err(format!(
+                "cache_id {cache_id} is out of range: no cache of this dataset has it; the \
+                 dataset's caches are {:?}",
+                self.cache_ids()
+            ))
         })?;
         let cache = caches.get(index);
         if sample_id >= cache.len() {
-            return Err(Error::invalid(format!(
+            return Err(PyIndexError::new_err(format!(
                 "sample_id {sample_id} is out of range; cache {cache_id} has sample ids 0..{}",
                 cache.len()
-            )))
-            .py();
+            )));
         }
         let data = py.detach(|| cache.read(sample_id)).py()?;
         let metadata = cache.metadata();
@@ -584,7 +602,7 @@ pub fn sample_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
             .getattr("namedtuple")?
             .call1(("CachedSample", fields))?
             .cast_into::<PyType>()?;
-        class.setattr("__module__", "dataset_rt.records")?;
+        class.setattr("__module__", "dataset_rt.api")?;
         class.setattr(
             "__doc__",
             "One sample of an epoch stream (or of `CachedDataset.get_item`): the \

@@ -30,7 +30,7 @@ pub struct Runtime {
 impl Runtime {
     #[new]
     fn new(num_workers: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let size = args::positive_usize("num_workers", num_workers)?;
+        let size = args::num_workers(num_workers)?;
         Ok(Runtime {
             pool: Arc::new(WorkerPool::new(size).py()?),
         })
@@ -68,6 +68,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(request::parse_ticket, m)?)?;
     m.add_function(wrap_pyfunction!(writer::write_cache, m)?)?;
     m.add_function(wrap_pyfunction!(writer::validate_source_name_py, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::check_source_names_py, m)?)?;
+    m.add_class::<writer::WriteProfiler>()?;
     m.add_function(wrap_pyfunction!(cache::check_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cache::verify_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cache::inspect_cache, m)?)?;

@@ -7,6 +7,8 @@
 //! the GIL released.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
@@ -15,17 +17,55 @@ use super::config::WriteOptions;
 use super::errors::IntoPyResult;
 use super::Runtime;
 use crate::error::Error;
-use crate::storage::{validate_source_name, ColumnSpec, MetaValue, SchemaBinder, WritePipeline};
+use crate::storage::{
+    check_source_names, timed, validate_source_name, ColumnSpec, MetaValue, SchemaBinder, Stage,
+    WritePipeline, WriteProfile, EMPTY_SOURCE,
+};
 
 #[pyfunction(name = "validate_source_name")]
 pub fn validate_source_name_py(name: &str) -> PyResult<()> {
     validate_source_name(name).py()
 }
 
+/// Refuse the names of one write's sources when two are alike, before
+/// anything is written.
+#[pyfunction(name = "check_source_names")]
+pub fn check_source_names_py(base_dir: PathBuf, names: Vec<String>) -> PyResult<()> {
+    check_source_names(&base_dir, &names).py()
+}
+
+/// The stage timings of cache writes (`WriterConfig(profiler=...)`): the
+/// Python package makes one per source, passes it to `write_cache`, and reads
+/// `totals()` afterwards, also when the write failed or was interrupted.
+#[pyclass(frozen, module = "dataset_rt._native")]
+pub struct WriteProfiler {
+    inner: Arc<WriteProfile>,
+}
+
+#[pymethods]
+impl WriteProfiler {
+    #[new]
+    fn new() -> Self {
+        WriteProfiler {
+            inner: Arc::new(WriteProfile::default()),
+        }
+    }
+
+    /// `(stage name, calls, bytes, seconds)` for every stage, in pipeline order.
+    fn totals(&self) -> Vec<(&'static str, u64, u64, f64)> {
+        self.inner
+            .totals()
+            .into_iter()
+            .map(|t| (t.stage.name(), t.calls, t.bytes, t.seconds))
+            .collect()
+    }
+}
+
 /// Write the records of a Python iterator into the cache `base_dir/name`.
 /// `options` are a `WriterConfig`'s, validated when the config was built.
 #[pyfunction]
-#[pyo3(signature = (runtime, records, base_dir, name, options, total=None))]
+#[pyo3(signature = (runtime, records, base_dir, name, options, total=None, profiler=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn write_cache(
     py: Python<'_>,
     runtime: &Runtime,
@@ -34,16 +74,18 @@ pub fn write_cache(
     name: String,
     options: &WriteOptions,
     total: Option<u64>,
+    profiler: Option<&WriteProfiler>,
 ) -> PyResult<String> {
     validate_source_name(&name).py()?;
-    let mut iterator = records.try_iter()?;
-    let Some(first) = iterator.next() else {
-        return Err(Error::Source(format!(
-            "source '{name}' yielded no records; a cache needs at least one"
-        )))
-        .py();
+    let profile = profiler.map(|p| p.inner.clone());
+    let mut source = Source {
+        iterator: records.try_iter()?,
+        profile: profile.as_deref(),
+        index: 0,
     };
-    let (data, fields) = extract_record(&first?, 0)?;
+    let Some((data, fields)) = source.next_record()? else {
+        return Err(Error::Source(EMPTY_SOURCE.to_string())).py();
+    };
     let binder = SchemaBinder::from_first(&fields).py()?;
     let first_values = binder.bind(0, fields).py()?;
     let columns: Vec<ColumnSpec> = binder.columns().to_vec();
@@ -55,14 +97,41 @@ pub fn write_cache(
     if options.show_progress {
         pipeline = pipeline.with_progress(total);
     }
+    if let Some(profile) = &profile {
+        pipeline = pipeline.with_profile(profile.clone());
+    }
     push(py, &mut pipeline, data, first_values)?;
-    for (index, item) in (1u64..).zip(iterator) {
-        let (data, fields) = extract_record(&item?, index)?;
-        let values = binder.bind(index, fields).py()?;
+    while let Some((data, fields)) = source.next_record()? {
+        let values = binder.bind(source.index - 1, fields).py()?;
         push(py, &mut pipeline, data, values)?;
     }
     let (path, _) = py.detach(|| pipeline.finish()).py()?;
     Ok(path.to_string_lossy().into_owned())
+}
+
+/// The records of a source's iterator, pulled and read with the GIL held.
+struct Source<'a, 'py> {
+    iterator: Bound<'py, pyo3::types::PyIterator>,
+    profile: Option<&'a WriteProfile>,
+    /// Records pulled so far.
+    index: u64,
+}
+
+impl Source<'_, '_> {
+    fn next_record(&mut self) -> PyResult<Option<(Vec<u8>, Fields)>> {
+        let item = timed(self.profile, Stage::PythonNext, 0, || self.iterator.next());
+        let Some(item) = item else {
+            return Ok(None);
+        };
+        let item = item?;
+        let start = Instant::now();
+        let record = extract_record(&item, self.index)?;
+        if let Some(profile) = self.profile {
+            profile.record(Stage::PythonExtract, record.0.len() as u64, start.elapsed());
+        }
+        self.index += 1;
+        Ok(Some(record))
+    }
 }
 
 /// Hand one record over; commit (which may wait for the workers) without the GIL.
@@ -106,11 +175,8 @@ fn extract_record(item: &Bound<'_, PyAny>, index: u64) -> PyResult<(Vec<u8>, Fie
             .as_bytes()
             .to_vec()
     } else {
-        return Err(Error::Source(format!(
-            "record {index}: data must be bytes, bytearray or memoryview, got {}",
-            type_name(&data)
-        )))
-        .py();
+        // 0.4.8's exact words: its users compare `CacheWriteError.message` with `==`.
+        return Err(Error::Source("data must be bytes-like".to_string())).py();
     };
     let dict = metadata.cast::<PyDict>().map_err(|_| {
         super::errors::to_pyerr(Error::Source(format!(

@@ -39,10 +39,28 @@ impl Codec {
             "lz4" => Ok(Codec::Lz4),
             "zstd" => Ok(Codec::Zstd),
             other => Err(Error::invalid(format!(
-                "compression must be 'none', 'lz4' or 'zstd', got '{other}'"
+                "unsupported shard compression algorithm '{other}': compression must be \
+                 'none', 'lz4' or 'zstd'"
             ))),
         }
     }
+}
+
+/// Check dataset-rt 0.4.8's `ratio`, an advisory expected compression ratio:
+/// finite and > 0, and exactly 1.0 for `none` (which does not compress).
+pub fn check_ratio(codec: Codec, ratio: f64) -> Result<()> {
+    if !ratio.is_finite() || ratio <= 0.0 {
+        return Err(Error::invalid(format!(
+            "shard_compression.ratio must be positive and finite, got {ratio}"
+        )));
+    }
+    if codec == Codec::None && ratio != 1.0 {
+        return Err(Error::invalid(format!(
+            "shard_compression.ratio must be 1.0 when algo is 'none', got {ratio} (the ratio \
+             is the expected compression ratio; only 'lz4' and 'zstd' compress)"
+        )));
+    }
+    Ok(())
 }
 
 /// How payloads are compressed: a codec and a level, checked when built.
@@ -215,7 +233,8 @@ mod tests {
         assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
         assert_eq!(
             err.to_string(),
-            "compression must be 'none', 'lz4' or 'zstd', got 'gzip'"
+            "unsupported shard compression algorithm 'gzip': compression must be 'none', \
+             'lz4' or 'zstd'"
         );
         assert_eq!(
             Compression::default(),

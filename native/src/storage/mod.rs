@@ -15,17 +15,19 @@ mod codec;
 mod index;
 mod manifest;
 mod pipeline;
+mod profile;
 pub(crate) mod publish;
 mod schema;
 pub(crate) mod temp;
 mod writer;
 
 pub use cache::{Cache, CacheSet, VerifyReport};
-pub use codec::{Codec, Compression, EncodedRecord};
+pub use codec::{check_ratio, Codec, Compression, EncodedRecord};
 pub use index::{IndexEntry, INDEX_ENTRY_BYTES};
 pub use manifest::{FileEntry, Manifest, FORMAT_VERSION};
 pub use pipeline::WritePipeline;
-pub use publish::validate_source_name;
+pub use profile::{timed, Stage, StageTotals, WriteProfile};
+pub use publish::{check_source_names, validate_source_name, EMPTY_SOURCE};
 pub use schema::{ColumnSpec, MetaType, MetaValue, SchemaBinder};
 pub use writer::{CacheWriter, WriterOptions};
 

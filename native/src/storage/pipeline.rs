@@ -23,6 +23,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::codec::{Compression, EncodedRecord};
 use super::manifest::Manifest;
+use super::profile::{timed, Stage, WriteProfile};
 use super::schema::{ColumnSpec, MetaValue};
 use super::writer::{CacheWriter, WriterOptions};
 use crate::error::{Error, Result};
@@ -59,6 +60,7 @@ pub struct WritePipeline {
     commit_due: bool,
     failed: bool,
     progress: ProgressBar,
+    profile: Option<Arc<WriteProfile>>,
 }
 
 impl WritePipeline {
@@ -87,7 +89,15 @@ impl WritePipeline {
             commit_due: false,
             failed: false,
             progress: ProgressBar::hidden(),
+            profile: None,
         })
+    }
+
+    /// Count the stages of this write (compression, disk writes, manifest,
+    /// publication) in `profile`.
+    pub fn with_profile(mut self, profile: Arc<WriteProfile>) -> Self {
+        self.profile = Some(profile);
+        self
     }
 
     /// Draw a progress bar on stderr (only when stderr is a terminal); `total`
@@ -142,7 +152,7 @@ impl WritePipeline {
             pipeline.submit_chunk()?;
             pipeline.drain()
         })?;
-        let published = self.writer.finish()?;
+        let published = self.writer.finish_profiled(self.profile.as_deref())?;
         self.progress.finish();
         Ok(published)
     }
@@ -171,10 +181,17 @@ impl WritePipeline {
         let ticket = self.encoded.ticket();
         let compression = self.compression;
         let encode = self.encode;
+        let profile = self.profile.clone();
         self.pool.submit(Box::new(move || {
             let encoded = chunk
                 .into_iter()
-                .map(|(payload, values)| encode(payload, compression).map(|r| (r, values)))
+                .map(|(payload, values)| {
+                    let bytes = payload.len() as u64;
+                    timed(profile.as_deref(), Stage::Compression, bytes, || {
+                        encode(payload, compression)
+                    })
+                    .map(|r| (r, values))
+                })
                 .collect();
             ticket.send(encoded);
         }))
@@ -205,8 +222,12 @@ impl WritePipeline {
 
     fn append(&mut self, encoded: Encoded) -> Result<()> {
         self.in_flight_records -= encoded.len();
+        let profile = self.profile.clone();
         for (record, values) in &encoded {
-            self.writer.append(record, values)?;
+            let bytes = record.stored.len() as u64;
+            timed(profile.as_deref(), Stage::DiskWrite, bytes, || {
+                self.writer.append(record, values)
+            })?;
         }
         self.progress.set_position(self.writer.records());
         let seconds = self.progress.elapsed().as_secs_f64().max(1e-3);

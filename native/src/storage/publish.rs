@@ -32,6 +32,29 @@ pub fn validate_source_name(name: &str) -> Result<()> {
     }
 }
 
+/// The message of a source that yielded nothing (dataset-rt 0.4.8's words,
+/// which its users compare `CacheWriteError.message` with).
+pub const EMPTY_SOURCE: &str = "cache source yielded no samples";
+
+/// Refuse a write of several sources before anything is written when two of
+/// them would write the same directory (`base/name`). (A name that is not a
+/// plain directory name is refused by `validate_source_name`, per source.)
+pub fn check_source_names<S: AsRef<str>>(base: &Path, names: &[S]) -> Result<()> {
+    let mut seen = std::collections::HashMap::new();
+    for (position, name) in names.iter().enumerate() {
+        let name = name.as_ref();
+        if let Some(first) = seen.insert(name, position) {
+            return Err(Error::invalid(format!(
+                "duplicate generated cache path: {}; sources #{first} and #{position} are both \
+                 named {name:?}, and a source's cache is written at base_dir/name (give every \
+                 source a unique name)",
+                base.join(name).display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Create a fresh temporary directory for `name` under `base`, locked by this
 /// writer until it is published or removed (see `temp.rs`). Temporary
 /// directories in `base` whose writer is gone, of any name, are removed first.

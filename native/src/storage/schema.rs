@@ -108,7 +108,9 @@ impl SchemaBinder {
         for (name, value) in fields {
             if RESERVED_COLUMNS.contains(&name.as_str()) {
                 return Err(Error::Schema(format!(
-                    "record 0: metadata key '{name}' is reserved (reserved keys: {})",
+                    "record 0: metadata key '{name}' is reserved (reserved keys: {}): the \
+                     population table and the stream already have a column of that name; rename \
+                     the key (for example 'source_{name}')",
                     RESERVED_COLUMNS.join(", ")
                 )));
             }

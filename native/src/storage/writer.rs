@@ -17,6 +17,8 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 use super::codec::{Compression, EncodedRecord};
 use super::index::IndexEntry;
 use super::manifest::{FileEntry, Manifest};
+use super::profile::{timed, Stage, WriteProfile};
+use super::publish::EMPTY_SOURCE;
 use super::publish::{create_partial_dir, fsync_file, publish, validate_source_name};
 use super::schema::{ColumnBuilders, ColumnSpec, MetaValue};
 use super::temp::LockedTemp;
@@ -53,10 +55,12 @@ impl WriterOptions {
         compression: Compression,
     ) -> Result<Self> {
         Ok(WriterOptions {
-            prefetch_records: NonZeroUsize::new(prefetch_size)
-                .ok_or_else(|| Error::invalid("prefetch_size must be >= 1, got 0"))?,
-            max_shard_bytes: NonZeroU64::new(max_shard_bytes)
-                .ok_or_else(|| Error::invalid("max_shard_bytes must be >= 1, got 0"))?,
+            prefetch_records: NonZeroUsize::new(prefetch_size).ok_or_else(|| {
+                Error::invalid("prefetch_size must be greater than zero (>= 1), got 0")
+            })?,
+            max_shard_bytes: NonZeroU64::new(max_shard_bytes).ok_or_else(|| {
+                Error::invalid("max_shard_bytes must be greater than zero (>= 1), got 0")
+            })?,
             compression,
         })
     }
@@ -231,13 +235,28 @@ impl CacheWriter {
     }
 
     /// Write the index, metadata and manifest, then publish. Returns the path.
-    pub fn finish(mut self) -> Result<(PathBuf, Manifest)> {
+    pub fn finish(self) -> Result<(PathBuf, Manifest)> {
+        self.finish_profiled(None)
+    }
+
+    /// `finish`, counting its two stages (manifest, publication) in `profile`.
+    pub fn finish_profiled(
+        mut self,
+        profile: Option<&WriteProfile>,
+    ) -> Result<(PathBuf, Manifest)> {
         if self.records == 0 {
-            return Err(Error::Source(format!(
-                "source '{}' yielded no records; a cache needs at least one",
-                self.name
-            )));
+            return Err(Error::Source(EMPTY_SOURCE.to_string()));
         }
+        let manifest = timed(profile, Stage::FinishManifest, 0, || self.write_manifest())?;
+        timed(profile, Stage::Publish, 0, || {
+            publish(self.partial.path(), &self.target)
+        })?;
+        self.finished = true;
+        Ok((self.target.clone(), manifest))
+    }
+
+    /// Close the last shard; write the index, the metadata and the manifest.
+    fn write_manifest(&mut self) -> Result<Manifest> {
         self.close_shard()?;
         let index = self.write_file(INDEX_FILE, &self.index.clone())?;
         let metadata_bytes = self.metadata_ipc()?;
@@ -256,9 +275,7 @@ impl CacheWriter {
             writer: format!("dataset_rt {}", env!("CARGO_PKG_VERSION")),
         };
         self.write_file(MANIFEST_FILE, &manifest.to_bytes()?)?;
-        publish(self.partial.path(), &self.target)?;
-        self.finished = true;
-        Ok((self.target.clone(), manifest))
+        Ok(manifest)
     }
 
     fn write_file(&self, name: &str, bytes: &[u8]) -> Result<FileEntry> {
@@ -324,8 +341,16 @@ mod tests {
         assert_eq!(options.prefetch_records.get(), 4);
         assert_eq!(options.max_shard_bytes.get(), 1000);
         for (prefetch, shard, message) in [
-            (0, 1000, "prefetch_size must be >= 1, got 0"),
-            (4, 0, "max_shard_bytes must be >= 1, got 0"),
+            (
+                0,
+                1000,
+                "prefetch_size must be greater than zero (>= 1), got 0",
+            ),
+            (
+                4,
+                0,
+                "max_shard_bytes must be greater than zero (>= 1), got 0",
+            ),
         ] {
             let err = WriterOptions::new(prefetch, shard, Compression::default()).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
