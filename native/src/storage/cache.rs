@@ -13,6 +13,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::codec::decode_into;
 use super::index::{IndexEntry, INDEX_ENTRY_BYTES};
 use super::manifest::{FileEntry, Manifest};
+use super::pread::append_exact_at;
 use super::schema::ColumnSpec;
 use super::{hex64, INDEX_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
@@ -220,16 +221,14 @@ impl Cache {
 
     /// Read a large record with one positioned read into `out`.
     fn pread_into(&self, sample_id: u64, entry: &IndexEntry, out: &mut Vec<u8>) -> Result<()> {
-        use std::os::unix::fs::FileExt;
         let shard = entry.shard as usize;
         let read_error = |e: std::io::Error| {
             Error::corrupt(&self.shard_paths[shard], format!("record {sample_id}: {e}"))
         };
         let start = out.len();
+        let file = &self.files[shard];
         if entry.codec == super::Codec::None && entry.stored_len == entry.raw_len {
-            out.resize(start + entry.raw_len as usize, 0);
-            let checked = self.files[shard]
-                .read_exact_at(&mut out[start..], entry.offset)
+            let checked = append_exact_at(file, out, entry.raw_len as usize, entry.offset)
                 .map_err(read_error)
                 .and_then(|()| self.check_record(sample_id, entry, &out[start..]));
             if checked.is_err() {
@@ -237,9 +236,8 @@ impl Cache {
             }
             return checked;
         }
-        let mut stored = vec![0u8; entry.stored_len as usize];
-        self.files[shard]
-            .read_exact_at(&mut stored, entry.offset)
+        let mut stored = Vec::new();
+        append_exact_at(file, &mut stored, entry.stored_len as usize, entry.offset)
             .map_err(read_error)?;
         self.check_record(sample_id, entry, &stored)?;
         self.decode_record(sample_id, entry, &stored, out)

@@ -15,6 +15,7 @@ mod codec;
 mod index;
 mod manifest;
 mod pipeline;
+mod pread;
 mod profile;
 pub(crate) mod publish;
 mod schema;
