@@ -98,23 +98,12 @@ QUICK = Scale(5_000, 128, 4, 2, 20.0, 2_000_000)
 
 
 def status_of(error: BaseException) -> str:
-    """The gRPC status a pyarrow client read from ``error``."""
-    import pyarrow as pa
-    import pyarrow.flight as flight
+    """The gRPC status a pyarrow client read from ``error`` (the server's own
+    mapping), or the error's type when it is not a Flight status."""
+    from flight_server.metrics import status_of as flight_status
 
-    for kind, name in (
-        (flight.FlightUnauthenticatedError, "UNAUTHENTICATED"),
-        (flight.FlightUnauthorizedError, "PERMISSION_DENIED"),
-        (flight.FlightUnavailableError, "UNAVAILABLE"),
-        (flight.FlightTimedOutError, "DEADLINE_EXCEEDED"),
-        (flight.FlightCancelledError, "CANCELLED"),
-        (flight.FlightInternalError, "INTERNAL"),
-        (pa.ArrowKeyError, "NOT_FOUND"),
-        (pa.ArrowInvalid, "INVALID_ARGUMENT"),
-    ):
-        if isinstance(error, kind):
-            return name
-    return type(error).__name__
+    status = flight_status(error)
+    return type(error).__name__ if status == "UNKNOWN" else status
 
 
 def refusal(error: BaseException) -> str:

@@ -128,12 +128,7 @@ impl Dataset {
     /// The `cache_id` of each cache, in the order the dataset was opened with.
     #[getter]
     fn cache_ids(&self) -> Vec<u64> {
-        self.inner
-            .caches()
-            .caches()
-            .iter()
-            .map(|c| c.cache_id())
-            .collect()
+        self.inner.caches().cache_ids()
     }
 
     #[getter]

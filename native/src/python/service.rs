@@ -68,12 +68,7 @@ impl DatasetService {
 
     #[getter]
     fn cache_ids(&self) -> Vec<u64> {
-        self.inner
-            .caches()
-            .caches()
-            .iter()
-            .map(|c| c.cache_id())
-            .collect()
+        self.inner.caches().cache_ids()
     }
 
     /// The active population, its epoch length and row count.

@@ -466,6 +466,11 @@ impl CacheSet {
         })
     }
 
+    /// The `cache_id` of each cache, in the order the set was opened with.
+    pub fn cache_ids(&self) -> Vec<u64> {
+        self.caches().iter().map(|c| c.cache_id()).collect()
+    }
+
     pub fn caches(&self) -> &[Arc<Cache>] {
         &self.caches
     }
