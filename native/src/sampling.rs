@@ -119,6 +119,7 @@ impl AliasTable {
             }
         }
         // Whatever remains is 1.0 up to rounding: those columns keep themselves.
+        crate::prefetch::huge_pages(&columns);
         Ok(AliasTable { columns })
     }
 

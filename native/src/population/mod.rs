@@ -118,6 +118,8 @@ impl Population {
             "weight".into(),
             Arc::new(Float64Array::from(weights.to_vec())),
         ));
+        crate::prefetch::huge_pages(&cache_index);
+        crate::prefetch::huge_pages(&sample_ids);
         Ok(Population {
             table,
             cache_index,
@@ -143,6 +145,15 @@ impl Population {
     #[inline]
     pub fn record(&self, row: usize) -> (u32, u64) {
         (self.cache_index[row], self.sample_ids[row])
+    }
+
+    /// Ask for row `row`'s `record` ahead of reading it (`crate::prefetch`).
+    #[inline]
+    pub fn prefetch(&self, row: usize) {
+        if let (Some(ci), Some(sid)) = (self.cache_index.get(row), self.sample_ids.get(row)) {
+            crate::prefetch::prefetch_line(ci);
+            crate::prefetch::prefetch_line(sid);
+        }
     }
 
     /// A column for stream batches: canonical for identities, stored columns and

@@ -15,6 +15,7 @@ use super::index::{IndexEntry, INDEX_ENTRY_BYTES};
 use super::manifest::{FileEntry, Manifest};
 use super::pread::append_exact_at;
 use super::schema::ColumnSpec;
+use super::LARGE_RECORD;
 use super::{hex64, INDEX_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
 use crate::prefetch::prefetch_line;
@@ -33,10 +34,6 @@ pub struct Cache {
     shard_paths: Vec<PathBuf>,
 }
 
-/// Records at least this large are read with `pread` rather than through the
-/// memory map: one copy either way, but mapped pages would stay resident in
-/// this process and count against its memory.
-const PREAD_THRESHOLD: u64 = 256 << 10;
 const CACHE_LINE: usize = 64;
 /// Lines of a record `Cache::prefetch` asks for (a 1 KiB record is 16; for
 /// longer ones the hardware prefetcher follows the sequential read). Measured
@@ -88,6 +85,7 @@ impl Cache {
                     .map_err(|e| Error::corrupt(&index_path, format!("entry {i}: {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
+        crate::prefetch::huge_pages(&index);
         let metadata = read_metadata(dir, &manifest)?;
         let mut shards = Vec::with_capacity(manifest.shards.len());
         let mut shard_paths = Vec::with_capacity(manifest.shards.len());
@@ -112,7 +110,12 @@ impl Cache {
             let map = if len == 0 {
                 None
             } else {
-                Some(unsafe { Mmap::map(&file) }.at("cannot memory-map", &path)?)
+                let map = unsafe { Mmap::map(&file) }.at("cannot memory-map", &path)?;
+                // Records are read at random: 2 MiB pages where the page cache
+                // has them (see `crate::prefetch::huge_pages`); only a hint.
+                #[cfg(target_os = "linux")]
+                let _ = map.advise(memmap2::Advice::HugePage);
+                Some(map)
             };
             if verify_shards {
                 let digest = hex64(xxh3_64(map.as_deref().unwrap_or(&[])));
@@ -178,7 +181,7 @@ impl Cache {
                 self.manifest.cache_id, self.manifest.record_count
             ))
         })?;
-        if entry.stored_len >= PREAD_THRESHOLD {
+        if entry.stored_len >= LARGE_RECORD {
             return self.pread_into(sample_id, entry, out);
         }
         let stored = self.stored_bytes(entry);
@@ -200,7 +203,7 @@ impl Cache {
         let Some(entry) = self.index.get(sample_id as usize) else {
             return;
         };
-        if entry.stored_len >= PREAD_THRESHOLD {
+        if entry.stored_len >= LARGE_RECORD {
             return;
         }
         let stored = self.stored_bytes(entry);

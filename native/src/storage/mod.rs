@@ -32,6 +32,12 @@ pub use publish::{check_source_names, validate_source_name, EMPTY_SOURCE};
 pub use schema::{ColumnSpec, MetaType, MetaValue, SchemaBinder};
 pub use writer::{CacheWriter, WriterOptions};
 
+/// Records at least this large are read with `pread` rather than through the
+/// memory map (one copy either way, but mapped pages would stay resident in
+/// the reader and count against its memory), and written without a copy into
+/// the shard writer's buffer.
+const LARGE_RECORD: u64 = 256 << 10;
+
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const INDEX_FILE: &str = "index.bin";
 pub const METADATA_FILE: &str = "metadata.arrow";

@@ -124,8 +124,6 @@ impl BatchContext {
         self
     }
 
-    /// The population row drawn at window index `i`.
-    #[inline]
     /// The rows of window indices `first..first + n`, appended to `out` (one
     /// batched draw: about twice as fast per row as drawing one position at a time,
     /// and a permutation is built once per cycle, not once per position).
@@ -148,9 +146,36 @@ impl BatchContext {
         self.caches.get(ci).raw_len(sid)
     }
 
-    /// Step 2 of a record's prefetch: its index entry; step 1: its bytes
-    /// (which needs the entry in cache).
+    /// The payload length of each of `rows`, appended to `lens` (what the
+    /// planner sizes batches by). Each row's population entry and index entry
+    /// are random reads: they are asked for ahead, as `build` does.
+    pub fn payload_lens(&self, rows: &[u32], lens: &mut Vec<u64>) {
+        if !self.payload {
+            lens.resize(lens.len() + rows.len(), 0);
+            return;
+        }
+        for step in (2..=3).rev() {
+            for &row in rows.iter().take((step - 1) * PREFETCH_DISTANCE) {
+                self.prefetch(step, row);
+            }
+        }
+        for (i, &row) in rows.iter().enumerate() {
+            for step in 2..=3 {
+                if let Some(&ahead) = rows.get(i + (step - 1) * PREFETCH_DISTANCE) {
+                    self.prefetch(step, ahead);
+                }
+            }
+            lens.push(self.payload_len(row as usize));
+        }
+    }
+
+    /// The steps of a record's prefetch, each a step before the next needs it:
+    /// 3, its population entry; 2, its index entry; 1, its bytes.
     fn prefetch(&self, step: usize, row: u32) {
+        if step == 3 {
+            self.population.prefetch(row as usize);
+            return;
+        }
         let (ci, sid) = self.population.record(row as usize);
         let cache = self.caches.get(ci);
         if step == 2 {

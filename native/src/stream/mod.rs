@@ -79,9 +79,10 @@ pub struct EpochStream {
     options: StreamOptions,
     /// Next window index to plan.
     planned: u64,
-    /// The rows of window indices `planned..planned + drawn.len()`, drawn in
-    /// bulk ahead of planning (one batched draw instead of one per position).
-    drawn: VecDeque<u32>,
+    /// The rows of window indices `planned..planned + drawn.len()` and their
+    /// payload lengths, drawn in bulk ahead of planning (one batched draw
+    /// instead of one per position).
+    drawn: VecDeque<(u32, u64)>,
     /// Rows and payload bytes of each in-flight batch, in sequence order.
     in_flight: VecDeque<(usize, u64)>,
     in_flight_rows: usize,
@@ -185,12 +186,13 @@ impl EpochStream {
                     let n = (count - self.planned).min(self.options.batch_rows.get() as u64);
                     let mut fresh = Vec::with_capacity(n as usize);
                     self.ctx.rows_at(self.planned, n, &mut fresh);
-                    self.drawn.extend(fresh);
+                    let mut lens = Vec::with_capacity(fresh.len());
+                    self.ctx.payload_lens(&fresh, &mut lens);
+                    self.drawn.extend(fresh.into_iter().zip(lens));
                 }
-                let Some(&row) = self.drawn.front() else {
+                let Some(&(row, len)) = self.drawn.front() else {
                     break; // unreachable: `n` >= 1 rows were just drawn
                 };
-                let len = self.ctx.payload_len(row as usize);
                 if !rows.is_empty() && bytes + len > self.options.max_batch_bytes.get() {
                     break;
                 }
