@@ -62,6 +62,9 @@ mod tests {
         for slice in [&table[..], &table[1..], &table[..10]] {
             huge_pages(slice);
         }
-        assert!(table.iter().enumerate().all(|(i, &v)| v == i as u64 * 7 + 1));
+        assert!(table
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == i as u64 * 7 + 1));
     }
 }

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, LargeBinaryArray, RecordBatch, UInt32Array, UInt64Array};
-use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use arrow_buffer::{OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+use super::buffers::BufferPool;
 use crate::error::{Error, Result};
 use crate::population::Population;
 use crate::sampling::{StreamOrder, StreamWindow};
@@ -63,6 +64,8 @@ pub struct BatchContext {
     pub schema: SchemaRef,
     /// Whether batches carry the records' bytes; without, no record is read.
     pub payload: bool,
+    /// Payload buffers the consumer has dropped, for the next batches.
+    buffers: Arc<BufferPool>,
 }
 
 impl BatchContext {
@@ -103,6 +106,7 @@ impl BatchContext {
             columns,
             schema: Arc::new(Schema::new(fields)),
             payload: true,
+            buffers: Arc::default(),
         })
     }
 
@@ -195,7 +199,7 @@ impl BatchContext {
         let mut sample_ids = Vec::with_capacity(n);
         let mut offsets = Vec::with_capacity(if self.payload { n + 1 } else { 0 });
         offsets.push(0i64);
-        let mut values = Vec::with_capacity(payload_bytes as usize);
+        let mut values = self.buffers.take(payload_bytes as usize);
         if self.payload {
             for step in (1..=2).rev() {
                 for &row in rows.iter().take(step * PREFETCH_DISTANCE) {
@@ -228,7 +232,7 @@ impl BatchContext {
         if self.payload {
             arrays.push(Arc::new(LargeBinaryArray::new(
                 OffsetBuffer::new(ScalarBuffer::from(offsets)),
-                Buffer::from_vec(values),
+                self.buffers.share(values),
                 None,
             )));
         }

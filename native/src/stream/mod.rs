@@ -9,6 +9,7 @@
 //! consumer stops the workers (backpressure).
 
 mod batch;
+mod buffers;
 mod draws;
 
 use std::collections::VecDeque;
