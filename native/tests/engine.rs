@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::UInt64Type;
-use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, UInt64Array};
+use arrow_array::{
+    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, UInt64Array,
+};
 use arrow_schema::{DataType, Field, Schema};
 use dataset_rt_native::population::Population;
 use dataset_rt_native::sampling::{Partition, ShuffleMode, StreamOrder, StreamWindow};
@@ -192,6 +194,76 @@ fn populations_accept_duplicates_reorders_and_extras() {
     assert_eq!(population.num_rows(), 3);
     assert_eq!(population.record(1), (0, 5));
     assert!(population.column("note").is_some());
+}
+
+/// Records of 1 KiB and 300 KiB alternating (stored as is or compressed).
+fn write_mixed_cache(base: &Path, name: &str, codec: Codec) -> PathBuf {
+    let options = WriterOptions {
+        compression: Compression::new(codec, 1).unwrap(),
+        ..WriterOptions::default()
+    };
+    let mut writer = CacheWriter::create(base, name, vec![], options).unwrap();
+    for i in 0..6u8 {
+        let len = if i % 2 == 0 { 1 << 10 } else { 300 << 10 };
+        let payload: Vec<u8> = (0..len).map(|j| (j % 251) as u8 ^ i).collect();
+        let record = EncodedRecord::encode(payload, options.compression).unwrap();
+        writer.append(&record, &[]).unwrap();
+    }
+    writer.finish().unwrap().0
+}
+
+/// The payloads of one in-order epoch with large records left in place,
+/// taken from the batch or, where it is null, from the shard.
+fn read_in_place(path: &Path) -> dataset_rt_native::Result<Vec<(bool, Vec<u8>)>> {
+    let set = Arc::new(CacheSet::open(&[path.to_path_buf()], false)?);
+    let population = Arc::new(Population::full(&set)?);
+    let order = StreamOrder::new(ShuffleMode::Ordered, 0);
+    let window = StreamWindow::new(0, 6, 1)?;
+    let ctx = BatchContext::new(set.clone(), population, order, window, &[])?.with_large_in_place();
+    let pool = Arc::new(WorkerPool::new(NonZeroUsize::new(2).unwrap())?);
+    let mut out = Vec::new();
+    for batch in EpochStream::new(ctx, pool, StreamOptions::default())? {
+        let batch = batch.map_err(|e| Error::internal(e.to_string()))?;
+        let payloads = batch.column(3).as_binary::<i64>();
+        let ids = batch.column(2).as_primitive::<UInt64Type>();
+        for row in 0..batch.num_rows() {
+            out.push(if payloads.is_null(row) {
+                let stored = set.get(0).stored_as_is(ids.value(row)).unwrap();
+                (true, stored.to_vec())
+            } else {
+                (false, payloads.value(row).to_vec())
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[test]
+fn large_records_are_verified_in_place_for_the_per_sample_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = write_mixed_cache(dir.path(), "plain", Codec::None);
+    let cache = Cache::open(&plain, true).unwrap();
+    let read = read_in_place(&plain).unwrap();
+    for (i, (in_place, payload)) in read.iter().enumerate() {
+        assert_eq!(
+            *in_place,
+            i % 2 == 1,
+            "only large records are left in place"
+        );
+        assert_eq!(payload, &cache.read(i as u64).unwrap());
+    }
+    // Compressed records are decoded into the batch, whatever their size.
+    let packed = write_mixed_cache(dir.path(), "packed", Codec::Zstd);
+    let read = read_in_place(&packed).unwrap();
+    assert!(read.iter().all(|(in_place, _)| !in_place));
+    // A damaged large record is an error, never bytes handed out.
+    let shard = plain.join("shard-00000.bin");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let last = bytes.len() - 10;
+    bytes[last] ^= 1;
+    std::fs::write(&shard, &bytes).unwrap();
+    let err = read_in_place(&plain).unwrap_err();
+    assert!(err.to_string().contains("fails its checksum"), "{err}");
 }
 
 #[test]

@@ -27,6 +27,28 @@ use crate::stream::{
     draw_rows, BaseColumn, BatchContext, EpochStream, StreamOptions, WorkerPool, BASE_COLUMNS,
 };
 
+/// How a stream carries the records' bytes.
+#[derive(Debug, Clone, Copy)]
+enum Payload {
+    /// No payload column.
+    Omitted,
+    /// Every record copied into the batch.
+    Copied,
+    /// Large records verified in their shard and left out (a null payload),
+    /// for `SampleIterator`, which copies each once into its `bytes`.
+    LargeInPlace,
+}
+
+impl From<bool> for Payload {
+    fn from(payload: bool) -> Self {
+        if payload {
+            Payload::Copied
+        } else {
+            Payload::Omitted
+        }
+    }
+}
+
 /// Rows per batch behind the per-sample iterator.
 const SAMPLE_BATCH_ROWS: NonZeroUsize = NonZeroUsize::new(256).expect("256 is not zero");
 
@@ -44,7 +66,7 @@ impl Dataset {
         window: StreamWindow,
         columns: Option<Vec<String>>,
         batch_rows: NonZeroUsize,
-        payload: bool,
+        payload: Payload,
     ) -> crate::error::Result<EpochStream> {
         let stored: Vec<String> = self
             .inner
@@ -60,8 +82,12 @@ impl Dataset {
             self.inner.order(),
             window,
             &columns,
-        )?
-        .with_payload(payload);
+        )?;
+        let ctx = match payload {
+            Payload::Omitted => ctx.with_payload(false),
+            Payload::Copied => ctx,
+            Payload::LargeInPlace => ctx.with_large_in_place(),
+        };
         EpochStream::new(
             ctx,
             self.pool.clone(),
@@ -85,7 +111,7 @@ impl Dataset {
     ) -> PyResult<BatchStream> {
         let population = self.inner.population().py()?;
         let stream = self
-            .open_stream(population, window, columns, batch_rows, payload)
+            .open_stream(population, window, columns, batch_rows, payload.into())
             .py()?;
         Ok(BatchStream::new(stream))
     }
@@ -177,10 +203,16 @@ impl Dataset {
             .inner
             .next_epoch_with(|epoch| {
                 let window = partition.of(&epoch.window)?;
-                self.open_stream(epoch.population, window, None, SAMPLE_BATCH_ROWS, true)
+                self.open_stream(
+                    epoch.population,
+                    window,
+                    None,
+                    SAMPLE_BATCH_ROWS,
+                    Payload::LargeInPlace,
+                )
             })
             .py()?;
-        Ok(SampleIterator::new(stream))
+        Ok(SampleIterator::new(stream, self.inner.caches().clone()))
     }
 
     /// One rank's partition of epoch `epoch` (positions `[e * L, (e + 1) * L)`
@@ -227,7 +259,13 @@ impl Dataset {
         let stream = self
             .inner
             .next_epoch_with(|epoch| {
-                self.open_stream(epoch.population, epoch.window, columns, batch_rows, true)
+                self.open_stream(
+                    epoch.population,
+                    epoch.window,
+                    columns,
+                    batch_rows,
+                    Payload::Copied,
+                )
             })
             .py()?;
         Ok(BatchStream::new(stream))
@@ -462,6 +500,8 @@ impl BatchStream {
 #[pyclass(module = "dataset_rt._native")]
 pub struct SampleIterator {
     stream: EpochStream,
+    /// Where the records left out of the batches are (`Payload::LargeInPlace`).
+    caches: Arc<CacheSet>,
     batch: Option<RecordBatch>,
     row: usize,
     remaining: u64,
@@ -469,10 +509,11 @@ pub struct SampleIterator {
 }
 
 impl SampleIterator {
-    fn new(stream: EpochStream) -> Self {
+    fn new(stream: EpochStream, caches: Arc<CacheSet>) -> Self {
         let remaining = stream.remaining();
         SampleIterator {
             stream,
+            caches,
             batch: None,
             row: 0,
             remaining,
@@ -499,7 +540,7 @@ impl SampleIterator {
                     self.row += 1;
                     self.remaining = self.remaining.saturating_sub(1);
                     let column = |c: BaseColumn| batch.column(c.index());
-                    let payload = column(BaseColumn::Payload).as_binary::<i64>().value(row);
+                    let payloads = column(BaseColumn::Payload).as_binary::<i64>();
                     let cache_id = column(BaseColumn::CacheId)
                         .as_primitive::<UInt64Type>()
                         .value(row);
@@ -507,6 +548,19 @@ impl SampleIterator {
                         .as_primitive::<UInt64Type>()
                         .value(row);
                     let dict = metadata_dict(py, &self.columns, row)?;
+                    let payload = if payloads.is_null(row) {
+                        self.caches
+                            .index_of(cache_id)
+                            .and_then(|ci| self.caches.get(ci).stored_as_is(sample_id))
+                            .ok_or_else(|| {
+                                to_pyerr(Error::internal(format!(
+                                    "record {sample_id} of cache {cache_id:016x} was verified \
+                                     in place but is not stored as is"
+                                )))
+                            })?
+                    } else {
+                        payloads.value(row)
+                    };
                     let data = PyBytes::new(py, payload).into_any();
                     return make_sample(py, data, dict, cache_id, sample_id).map(Some);
                 }

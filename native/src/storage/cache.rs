@@ -214,6 +214,31 @@ impl Cache {
         }
     }
 
+    /// Verify a large record where it is stored, for a reader that then copies
+    /// it from there once (`stored_as_is`) instead of reading it into a buffer
+    /// and copying it again. `Ok(false)`: the record is small or encoded; read
+    /// it with `read_into`.
+    pub fn verify_in_place(&self, sample_id: u64) -> Result<bool> {
+        match self.index.get(sample_id as usize) {
+            Some(entry) if entry.stored_len >= LARGE_RECORD => {
+                let Some(stored) = self.stored_as_is(sample_id) else {
+                    return Ok(false);
+                };
+                self.check_record(sample_id, entry, stored)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Record `sample_id`'s bytes in its memory-mapped shard when they are
+    /// stored as is (no codec), unverified: `verify_in_place` checks them.
+    pub fn stored_as_is(&self, sample_id: u64) -> Option<&[u8]> {
+        let entry = self.index.get(sample_id as usize)?;
+        let as_is = entry.codec == super::Codec::None && entry.stored_len == entry.raw_len;
+        as_is.then(|| self.stored_bytes(entry))
+    }
+
     /// Ask for the index entry of `sample_id` (what `prefetch` reads first):
     /// called further ahead than `prefetch`, so that its lookup does not wait.
     pub fn prefetch_entry(&self, sample_id: u64) {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, LargeBinaryArray, RecordBatch, UInt32Array, UInt64Array};
-use arrow_buffer::{OffsetBuffer, ScalarBuffer};
+use arrow_buffer::{NullBufferBuilder, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::buffers::BufferPool;
@@ -66,6 +66,10 @@ pub struct BatchContext {
     pub payload: bool,
     /// Payload buffers the consumer has dropped, for the next batches.
     buffers: Arc<BufferPool>,
+    /// Large records are verified where they are stored and left out of the
+    /// batch (a null payload): for the per-sample iterator, which copies each
+    /// from its shard straight into its Python `bytes` (one copy, not two).
+    large_in_place: bool,
 }
 
 impl BatchContext {
@@ -107,6 +111,7 @@ impl BatchContext {
             schema: Arc::new(Schema::new(fields)),
             payload: true,
             buffers: Arc::default(),
+            large_in_place: false,
         })
     }
 
@@ -125,6 +130,31 @@ impl BatchContext {
             self.schema = Arc::new(Schema::new(fields));
         }
         self.payload = payload;
+        self
+    }
+
+    /// Leave large records out of the batches, verified where they are stored
+    /// (a null payload; `Cache::stored_as_is` has their bytes). Only for a
+    /// consumer in this process that knows this: the payload column becomes
+    /// nullable.
+    pub fn with_large_in_place(mut self) -> Self {
+        if self.payload && !self.large_in_place {
+            let fields: Vec<Field> = self
+                .schema
+                .fields()
+                .iter()
+                .map(|f| {
+                    let field = f.as_ref().clone();
+                    if f.name() == BASE_COLUMNS[BaseColumn::Payload.index()] {
+                        field.with_nullable(true)
+                    } else {
+                        field
+                    }
+                })
+                .collect();
+            self.schema = Arc::new(Schema::new(fields));
+            self.large_in_place = true;
+        }
         self
     }
 
@@ -200,6 +230,7 @@ impl BatchContext {
         let mut offsets = Vec::with_capacity(if self.payload { n + 1 } else { 0 });
         offsets.push(0i64);
         let mut values = self.buffers.take(payload_bytes as usize);
+        let mut nulls = self.large_in_place.then(|| NullBufferBuilder::new(n));
         if self.payload {
             for step in (1..=2).rev() {
                 for &row in rows.iter().take(step * PREFETCH_DISTANCE) {
@@ -218,7 +249,15 @@ impl BatchContext {
                         self.prefetch(step, ahead);
                     }
                 }
-                cache.read_into(sid, &mut values)?;
+                if let Some(nulls) = nulls.as_mut() {
+                    let in_place = cache.verify_in_place(sid)?;
+                    nulls.append(!in_place);
+                    if !in_place {
+                        cache.read_into(sid, &mut values)?;
+                    }
+                } else {
+                    cache.read_into(sid, &mut values)?;
+                }
                 offsets.push(values.len() as i64);
             }
             cache_ids.push(cache.cache_id());
@@ -233,7 +272,7 @@ impl BatchContext {
             arrays.push(Arc::new(LargeBinaryArray::new(
                 OffsetBuffer::new(ScalarBuffer::from(offsets)),
                 self.buffers.share(values),
-                None,
+                nulls.and_then(|mut nulls| nulls.finish()),
             )));
         }
         if !self.columns.is_empty() {
