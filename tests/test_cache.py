@@ -199,13 +199,23 @@ def test_an_existing_cache_is_never_overwritten(
 def test_tuples_bytearray_and_memoryview_payloads(
     runtime: drt.DatasetRuntime, tmp_path: Path
 ) -> None:
-    raw = [b"plain bytes", b"a bytearray", b"abcdefgh", array.array("i", [1, -2, 3]).tobytes(), b""]
+    raw = [
+        b"plain bytes",
+        b"a bytearray",
+        b"abcdefgh",
+        array.array("i", [1, -2, 3]).tobytes(),
+        b"",
+        b"cdef",
+        b"",
+    ]
     inputs: list[Any] = [
         drt.CacheInput(raw[0], {"k": 0}),
         drt.CacheInput(bytearray(raw[1]), {"k": 1}),
         drt.CacheInput(memoryview(b"aabbccddeeffgghh")[::2], {"k": 2}),
         drt.CacheInput(memoryview(array.array("i", [1, -2, 3])), {"k": 3}),
         (b"", {"k": 4}),  # a plain (data, metadata) tuple is a CacheInput too
+        drt.CacheInput(memoryview(bytearray(b"abcdefgh"))[2:6], {"k": 5}),
+        drt.CacheInput(memoryview(b"xyz")[3:], {"k": 6}),
     ]
     path = write(tmp_path, ListSource("views", inputs))
     data = read_all(runtime, path, len(raw))

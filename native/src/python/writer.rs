@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
@@ -150,6 +151,29 @@ fn push(
 
 type Fields = Vec<(String, MetaValue)>;
 
+/// A memoryview's bytes in one copy (`tobytes()` and then a copy of that were
+/// two: 9% of writing 1 MiB records from memoryview slices).
+fn memoryview_bytes(view: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    let buffer = PyUntypedBuffer::get(view)?;
+    if buffer.len_bytes() == 0 {
+        return Ok(Vec::new());
+    }
+    if !buffer.is_c_contiguous() {
+        // Strided: `tobytes()` gathers it in C order.
+        return Ok(view
+            .call_method0("tobytes")?
+            .cast::<PyBytes>()?
+            .as_bytes()
+            .to_vec());
+    }
+    // SAFETY: a C-contiguous buffer is `len_bytes` bytes at `buf_ptr`, valid
+    // while `buffer` holds the export; the GIL is held, so no Python code
+    // changes it while it is copied.
+    let bytes =
+        unsafe { std::slice::from_raw_parts(buffer.buf_ptr().cast::<u8>(), buffer.len_bytes()) };
+    Ok(bytes.to_vec())
+}
+
 /// Read one `CacheInput(data, metadata)` (or any object with those attributes).
 fn extract_record(item: &Bound<'_, PyAny>, index: u64) -> PyResult<(Vec<u8>, Fields)> {
     let (data, metadata) = match item.cast::<PyTuple>() {
@@ -170,10 +194,7 @@ fn extract_record(item: &Bound<'_, PyAny>, index: u64) -> PyResult<(Vec<u8>, Fie
     } else if let Ok(b) = data.cast::<PyByteArray>() {
         b.to_vec()
     } else if data.get_type().name()? == "memoryview" {
-        data.call_method0("tobytes")?
-            .cast::<PyBytes>()?
-            .as_bytes()
-            .to_vec()
+        memoryview_bytes(&data)?
     } else {
         // 0.4.8's exact words: its users compare `CacheWriteError.message` with `==`.
         return Err(Error::Source("data must be bytes-like".to_string())).py();
