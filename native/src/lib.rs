@@ -6,6 +6,7 @@
 
 pub mod dataset;
 pub mod error;
+pub mod hash;
 pub mod population;
 mod prefetch;
 pub mod request;

@@ -51,7 +51,7 @@ impl DatasetService {
         let caches = Arc::new(CacheSet::open(paths, verify)?);
         // Populations name (cache_id, sample_id) pairs, so the store belongs to
         // one set of caches: rebuilt caches get a fresh store of their own.
-        let mut key = xxhash_rust::xxh3::Xxh3::new();
+        let mut key = crate::hash::Xxh3::new();
         for cache in caches.caches() {
             key.update(&cache.cache_id().to_le_bytes());
         }

@@ -27,12 +27,12 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
+use crate::hash::xxh3_128;
 use arrow_array::RecordBatch;
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_128;
 
 use crate::error::{Error, IoContext, Result};
 use crate::storage::publish::fsync_dir;

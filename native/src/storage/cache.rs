@@ -5,10 +5,10 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::hash::xxh3_64;
 use arrow_array::{Array, RecordBatch};
 use arrow_ipc::reader::FileReader;
 use memmap2::Mmap;
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::codec::decode_into;
 use super::index::{IndexEntry, INDEX_ENTRY_BYTES};

@@ -2,8 +2,8 @@
 
 use std::ops::RangeInclusive;
 
+use crate::hash::xxh3_64;
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::error::{Error, Result};
 

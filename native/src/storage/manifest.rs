@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
+use crate::hash::xxh3_64;
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::codec::Compression;
 use super::schema::{ColumnSpec, RESERVED_COLUMNS};

@@ -70,7 +70,7 @@ impl MetaValue {
 
     /// Feed the value into the cache identity hash, with a type tag so that
     /// `1` and `1.0` and `"1"` hash differently.
-    pub fn hash_into(&self, hasher: &mut xxhash_rust::xxh3::Xxh3) {
+    pub fn hash_into(&self, hasher: &mut crate::hash::Xxh3) {
         match self {
             MetaValue::Int(v) => {
                 hasher.update(&[1]);

@@ -9,10 +9,10 @@ use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::hash::{xxh3_64, Xxh3};
 use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
 use arrow_ipc::writer::FileWriter;
 use arrow_schema::{Field, Schema};
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use super::codec::{Compression, EncodedRecord};
 use super::index::IndexEntry;
