@@ -249,15 +249,12 @@ def test_idle_streams_are_bounded_refused_and_freed_at_their_deadline(catalog: C
             "the idle streams were not cancelled",
         )
         timed_epoch(location, TOKENS["c"])
-        for _ in range(3):
-            e.open()
-        # The idle clients' own slots stay taken while they do not read.
-        with pytest.raises(flight.FlightUnavailableError, match="--max-streams-per-client 3"):
-            a.open()
 
         # A cancelled stream's client, reading again, gets what was sent and
         # then DEADLINE_EXCEEDED (flight_client resumes it from its offset);
-        # that ends the stream, and the client may stream again.
+        # that ends the stream, and the client may stream again. (Before any
+        # new idle stream is opened: one would be cancelled too after 2 s,
+        # and change the count this waits for on a slow machine.)
         with pytest.raises(flight.FlightTimedOutError) as deadline:
             read_at_most(b.readers[0], 1_000)
         assert "--stream-idle-timeout" in message(deadline.value)
@@ -265,6 +262,12 @@ def test_idle_streams_are_bounded_refused_and_freed_at_their_deadline(catalog: C
             lambda: server.streams.counts()["stalled"] == 7, WAIT, "the read stream did not end"
         )
         b.open()
+
+        for _ in range(3):
+            e.open()
+        # The idle clients' own slots stay taken while they do not read.
+        with pytest.raises(flight.FlightUnavailableError, match="--max-streams-per-client 3"):
+            a.open()
 
 
 def test_a_stalled_stream_ends_when_its_client_leaves(catalog: Catalog) -> None:
