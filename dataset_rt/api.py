@@ -2,78 +2,13 @@
 
 0.4.8's classes report ``dataset_rt.api`` as their module, so its users' pickles
 (and some imports) name ``dataset_rt.api.ReaderConfig`` and the like. The same
-classes report it here, and this module re-exports every public name, so those
+classes report it here, and this module re-exports every public name of
+``dataset_rt`` but its exception classes (0.4.8's had none here), so those
 pickles load and those imports resolve to the very objects ``dataset_rt`` exports.
 """
 
-from dataset_rt.config import (
-    DEFAULT_SHARD_COMPRESSION,
-    DEFAULT_WRITER_CONFIG,
-    DEFAULT_WRITER_PROFILER_CONFIG,
-    CompressionAlgo,
-    ReaderConfig,
-    ShardCompression,
-    ShuffleMode,
-    WriterConfig,
-    WriterProfilerConfig,
-)
-from dataset_rt.dataset import (
-    CachedDataset,
-    CacheSourcesDatasetError,
-    CacheSourcesDatasetResult,
-    CacheSourcesDatasetSuccess,
-)
-from dataset_rt.records import (
-    AbsentManifestTarget,
-    BytesLike,
-    CachedSample,
-    CacheInput,
-    CacheSource,
-    CacheWriteError,
-    CacheWriteResult,
-    CacheWriteSuccess,
-    Err,
-    ManifestUpdateEntry,
-    ManifestUpdateError,
-    ManifestUpdateReport,
-    Metadata,
-    MetadataValue,
-    Ok,
-    Result,
-    SizedTorchIterableDataset,
-)
-from dataset_rt.runtime import DatasetRuntime
+import dataset_rt as _package
+from dataset_rt import *  # noqa: F403 - the package's own list, not a copy of it
+from dataset_rt import errors as _errors
 
-__all__ = [
-    "DEFAULT_SHARD_COMPRESSION",
-    "DEFAULT_WRITER_CONFIG",
-    "DEFAULT_WRITER_PROFILER_CONFIG",
-    "AbsentManifestTarget",
-    "BytesLike",
-    "CacheInput",
-    "CacheSource",
-    "CacheSourcesDatasetError",
-    "CacheSourcesDatasetResult",
-    "CacheSourcesDatasetSuccess",
-    "CacheWriteError",
-    "CacheWriteResult",
-    "CacheWriteSuccess",
-    "CachedDataset",
-    "CachedSample",
-    "CompressionAlgo",
-    "DatasetRuntime",
-    "Err",
-    "ManifestUpdateEntry",
-    "ManifestUpdateError",
-    "ManifestUpdateReport",
-    "Metadata",
-    "MetadataValue",
-    "Ok",
-    "ReaderConfig",
-    "Result",
-    "ShardCompression",
-    "ShuffleMode",
-    "SizedTorchIterableDataset",
-    "WriterConfig",
-    "WriterProfilerConfig",
-]
+__all__ = [name for name in _package.__all__ if name not in _errors.__all__]

@@ -186,7 +186,7 @@ impl Cache {
         }
         let stored = self.stored_bytes(entry);
         self.check_record(sample_id, entry, stored)?;
-        if entry.codec == super::Codec::None && stored.len() as u64 == entry.raw_len {
+        if entry.stored_as_is() {
             out.extend_from_slice(stored);
             return Ok(());
         }
@@ -220,11 +220,8 @@ impl Cache {
     /// it with `read_into`.
     pub fn verify_in_place(&self, sample_id: u64) -> Result<bool> {
         match self.index.get(sample_id as usize) {
-            Some(entry) if entry.stored_len >= LARGE_RECORD => {
-                let Some(stored) = self.stored_as_is(sample_id) else {
-                    return Ok(false);
-                };
-                self.check_record(sample_id, entry, stored)?;
+            Some(entry) if entry.stored_len >= LARGE_RECORD && entry.stored_as_is() => {
+                self.check_record(sample_id, entry, self.stored_bytes(entry))?;
                 Ok(true)
             }
             _ => Ok(false),
@@ -235,8 +232,7 @@ impl Cache {
     /// stored as is (no codec), unverified: `verify_in_place` checks them.
     pub fn stored_as_is(&self, sample_id: u64) -> Option<&[u8]> {
         let entry = self.index.get(sample_id as usize)?;
-        let as_is = entry.codec == super::Codec::None && entry.stored_len == entry.raw_len;
-        as_is.then(|| self.stored_bytes(entry))
+        entry.stored_as_is().then(|| self.stored_bytes(entry))
     }
 
     /// Ask for the index entry of `sample_id` (what `prefetch` reads first):
@@ -255,7 +251,7 @@ impl Cache {
         };
         let start = out.len();
         let file = &self.files[shard];
-        if entry.codec == super::Codec::None && entry.stored_len == entry.raw_len {
+        if entry.stored_as_is() {
             let checked = append_exact_at(file, out, entry.raw_len as usize, entry.offset)
                 .map_err(read_error)
                 .and_then(|()| self.check_record(sample_id, entry, &out[start..]));

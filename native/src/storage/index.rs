@@ -25,6 +25,11 @@ pub struct IndexEntry {
 }
 
 impl IndexEntry {
+    /// Whether the stored bytes are the payload itself (no codec).
+    pub fn stored_as_is(&self) -> bool {
+        self.codec == Codec::None && self.stored_len == self.raw_len
+    }
+
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.shard.to_le_bytes());
         out.extend_from_slice(&[self.codec.tag(), 0, 0, 0]);

@@ -249,13 +249,15 @@ impl BatchContext {
                         self.prefetch(step, ahead);
                     }
                 }
-                if let Some(nulls) = nulls.as_mut() {
-                    let in_place = cache.verify_in_place(sid)?;
-                    nulls.append(!in_place);
-                    if !in_place {
-                        cache.read_into(sid, &mut values)?;
+                let in_place = match nulls.as_mut() {
+                    Some(nulls) => {
+                        let in_place = cache.verify_in_place(sid)?;
+                        nulls.append(!in_place);
+                        in_place
                     }
-                } else {
+                    None => false,
+                };
+                if !in_place {
                     cache.read_into(sid, &mut values)?;
                 }
                 offsets.push(values.len() as i64);
