@@ -44,6 +44,17 @@ class TokenFile:
         return role
 
 
+def bearer_token(header: str) -> str | None:
+    """The token of an ``authorization`` header value of the Bearer scheme,
+    whatever its spelling (``Bearer``, ``bearer``, extra spaces), else None.
+    The one parser of the header: Flight calls and the HTTP side port use it."""
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
 class AuthMiddleware(flight.ServerMiddleware):  # type: ignore[misc]
     def __init__(self, role: Role) -> None:
         self.role = role
@@ -58,8 +69,8 @@ class BearerAuthFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
 
     def start_call(self, info: Any, headers: dict[str, list[str]]) -> AuthMiddleware:
         values = headers.get("authorization", [])
-        scheme, _, token = (values[0] if values else "").partition(" ")
-        role = self._tokens.role_of(token.strip()) if scheme.lower() == "bearer" else None
+        token = bearer_token(values[0]) if values else None
+        role = self._tokens.role_of(token) if token is not None else None
         if role is None:
             raise flight.FlightUnauthenticatedError(
                 "a valid 'authorization: Bearer <token>' header is required"
