@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import hashlib
 import threading
 import time
 from collections import Counter
@@ -31,6 +30,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.flight as flight
+
+from flight_server.auth import identity_of
 
 #: The option that sets each limit, for messages.
 OPTIONS = {
@@ -350,27 +351,12 @@ def _deferred_trim() -> None:
 # -- who is a client ---------------------------------------------------------------
 
 
-class ClientKey(flight.ServerMiddleware):  # type: ignore[misc]
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-
-class ClientKeyFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
-    """With bearer tokens, a client is its token (a digest of it: the key is never
-    the secret)."""
-
-    def start_call(self, info: Any, headers: dict[str, list[str]]) -> ClientKey | None:
-        values = headers.get("authorization", [])
-        if not values:
-            return None
-        return ClientKey("token:" + hashlib.sha256(values[0].encode()).hexdigest()[:16])
-
-
 def client_of(context: Any) -> str:
-    """The client a call counts against: its token with auth on, else its address."""
-    key = context.get_middleware("client")
-    if key is not None:
-        return str(key.key)
+    """The client a call counts against: with a token file, its token's name
+    (one client however the header spells the token); else its address."""
+    identity = identity_of(context)
+    if identity is not None:
+        return f"token:{identity.name}"
     return peer_address(str(context.peer()))
 
 

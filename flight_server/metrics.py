@@ -2,7 +2,8 @@
 
 Every Flight call is observed once, where its status is decided
 (`DatasetFlightServer`'s error mapping for unary calls, the stream generator for
-``do_get``): a request counter by method and status, a latency histogram, and
+``do_get``, the auth middleware for calls refused before a handler runs): a
+request counter by method and status, a latency histogram, and
 for streams the open gauge, the duration and the time to the first batch. Rows
 and bytes served per dataset and population come from `Telemetry` (already
 bounded to 64 populations per dataset), so no label grows without bound: the
@@ -153,6 +154,15 @@ class ServerMetrics:
         self.requests.labels(method, status).inc()
         self.latency.labels(method).observe(seconds)
         log_request(method, status, seconds, fields, cause or error)
+
+    def refused(self, method: str, error: BaseException, reason: str) -> None:
+        """A call refused before any handler ran (a failed login, from
+        `flight_server.auth.BearerAuthFactory`): counted under its method and
+        status like any call, and logged with ``reason``, never the token. No
+        latency: the refusal costs nothing worth timing."""
+        status = status_of(error)
+        self.requests.labels(method, status).inc()
+        log_request(method, status, 0.0, {"reason": reason}, error)
 
     def stream(self, dataset: str, fields: Mapping[str, Any]) -> StreamObservation:
         """A ``do_get`` stream starts (it is watched until `StreamObservation.end`)."""

@@ -21,10 +21,10 @@ import pyarrow.flight as flight
 
 import dataset_rt as drt
 from dataset_rt import service as engine
-from flight_server.auth import BearerAuthFactory, TokenFile, require_admin
+from flight_server.auth import MIDDLEWARE, BearerAuthFactory, TokenFile, require_admin
 from flight_server.catalog import Catalog
 from flight_server.errors import ProtocolError, hide_tracebacks, to_flight_error
-from flight_server.limits import ClientKeyFactory, Limits, StreamSlots, client_of
+from flight_server.limits import Limits, StreamSlots, client_of
 from flight_server.metrics import ServerMetrics, request_fields
 from flight_server.protocol import ActionBody, PutCommand
 from flight_server.telemetry import StreamCounter, Telemetry
@@ -105,8 +105,12 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self.limits = limits or Limits()
         self.streams = StreamSlots(self.limits)
         hide_tracebacks()
+        # Before the middleware: failed logins are counted there, before any handler.
+        self.metrics = ServerMetrics(self.telemetry, catalog.names())
         middleware = (
-            {"auth": BearerAuthFactory(tokens), "client": ClientKeyFactory()} if tokens else None
+            {MIDDLEWARE: BearerAuthFactory(tokens, on_refused=self.metrics.refused)}
+            if tokens
+            else None
         )
         super().__init__(location, tls_certificates=tls_certificates or [], middleware=middleware)
         parts = urlsplit(location)
@@ -120,7 +124,6 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         else:
             self.locations = [self.location]
         self.catalog = catalog
-        self.metrics = ServerMetrics(self.telemetry, catalog.names())
         # The request fields of the call this thread serves (for its log line).
         self._calls = threading.local()
         self._batch_size = batch_size

@@ -275,7 +275,7 @@ def test_token_file_roles(tmp_path: Path) -> None:
     [
         ("reader 0123456789abcdef\n", 1),
         ("read 0123456789abcdef\nadmin short\n", 2),
-        ("# comment\n\nadmin 0123456789abcdef extra\n", 3),
+        ("# comment\n\nadmin 0123456789abcdef name extra\n", 3),
         ("admin\n", 1),
         ("read 0123456789abcdef\n0123456789abcdef\n", 2),
         ("ADMIN 0123456789abcdef\n", 1),
