@@ -25,7 +25,7 @@ from flight_server.catalog import Catalog, DatasetSpec
 from flight_server.demo import DEMO_NAME, ensure_demo_cache
 from flight_server.limits import Limits
 from flight_server.logs import configure as configure_logging
-from flight_server.probes import ProbeServer, readiness
+from flight_server.probes import MIN_FREE_BYTES, ProbeServer, readiness
 from flight_server.server import DatasetFlightServer
 
 log = logging.getLogger("flight_server")
@@ -156,9 +156,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     signals.add_argument(
         "--metrics-host",
-        default=None,
+        default="127.0.0.1",
         metavar="ADDRESS",
-        help="address of the metrics port (default: the --host address)",
+        help="address of the metrics port (default 127.0.0.1, loopback only, whatever --host "
+        "is; 0.0.0.0 to let a scraper on another machine reach it)",
+    )
+    signals.add_argument(
+        "--metrics-auth",
+        default=None,
+        choices=["token", "none"],
+        help="token: /metrics needs a token of --token-file (read or admin) as "
+        "'authorization: Bearer <token>'; none: /metrics is open (default: token with "
+        "--token-file, else none); /healthz and /readyz never need one",
+    )
+    signals.add_argument(
+        "--min-free-bytes",
+        type=int,
+        default=MIN_FREE_BYTES,
+        metavar="BYTES",
+        help="/readyz fails while the state directory's volume has less free space "
+        f"(default {MIN_FREE_BYTES}, 512 MiB; 0: no floor)",
     )
     signals.add_argument(
         "--log-format",
@@ -200,6 +217,10 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
         )
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise ValueError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
+    if args.metrics_auth == "token" and args.token_file is None:
+        raise ValueError("--metrics-auth token needs --token-file (the tokens /metrics accepts)")
+    if args.min_free_bytes < 0:
+        raise ValueError(f"--min-free-bytes must be >= 0 (0: no floor), got {args.min_free_bytes}")
     if not args.shutdown_grace >= 0:
         raise ValueError(f"--shutdown-grace must be >= 0 seconds, got {args.shutdown_grace}")
     limits = Limits(
@@ -279,12 +300,13 @@ def start_probes(args: argparse.Namespace, server: DatasetFlightServer) -> Probe
     """The HTTP side port of ``--metrics-port``, or None when it is off."""
     if args.metrics_port is None:
         return None
-    host = args.metrics_host or args.host or "127.0.0.1"
+    auth = args.metrics_auth or ("token" if args.token_file else "none")
     return ProbeServer(
-        host,
+        args.metrics_host,
         args.metrics_port,
         server.metrics.exposition,
-        readiness(server.catalog, server.catalog.state_dir),
+        readiness(server.catalog, server.catalog.state_dir, args.min_free_bytes),
+        tokens=TokenFile.load(args.token_file) if auth == "token" else None,
     )
 
 
@@ -312,7 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         auth = "no auth"
     print(f"serving {', '.join(server.catalog.names())} at {server.location} ({auth})", flush=True)
     if probes is not None:
-        print(f"metrics and probes at {probes.url} (/metrics, /healthz, /readyz)", flush=True)
+        locked = "; /metrics needs a bearer token" if probes.tokens_required else ""
+        print(
+            f"metrics and probes at {probes.url} (/metrics, /healthz, /readyz{locked})", flush=True
+        )
     print(
         'try: python -c "import pyarrow.flight as f; '
         f"print([i.descriptor.path for i in f.connect('{server.location}').list_flights()])\"",
