@@ -31,6 +31,10 @@ MANIFEST_COLUMNS = ("epoch", "rank", "step", "position", "cache_id", "sample_id"
 #: large enough that the per-batch Python work is noise.
 _MANIFEST_BATCH_ROWS = 65_536
 
+#: The most epochs one description covers (a state's epoch comes from a file,
+#: and ``seen`` covers every epoch up to it).
+MAX_EPOCHS = 1 << 20
+
 
 @dataclasses.dataclass(frozen=True)
 class RunDescription:
@@ -71,10 +75,19 @@ class RunDescription:
         for name, value in (("world_size", world), ("batch_size", size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{name!r} must be an integer >= 1, got {value!r}")
+        if epochs is None and seen and loaded.epoch >= MAX_EPOCHS:
+            raise InvalidArgumentError(
+                f"the state's epoch is {loaded.epoch}: a run covers at most {MAX_EPOCHS} "
+                "epochs; choose the epochs to cover ('epochs', --epochs)"
+            )
         if epochs is not None:
             chosen = list(epochs)
         else:
             chosen = list(range(loaded.epoch + 1)) if seen else [loaded.epoch]
+        if len(chosen) > MAX_EPOCHS:
+            raise InvalidArgumentError(
+                f"a run covers at most {MAX_EPOCHS} epochs, got {len(chosen)}"
+            )
 
         def out_of_range(e: Any) -> bool:
             if isinstance(e, bool) or not isinstance(e, int) or e < 0:
@@ -149,6 +162,17 @@ class RunDescription:
             for part in self.parts(epoch)
         )
 
+    def steps(self, epoch: int) -> int:
+        """The batches each rank takes in epoch ``epoch`` of the run (every rank
+        takes as many)."""
+        return sum(
+            self._at(epoch)
+            .request(part, rank=0, world_size=self.world_size, block=self.batch_size)
+            .samples_per_rank()
+            // self.batch_size
+            for part in self.parts(epoch)
+        )
+
     def _at(self, epoch: int) -> LoaderState:
         position = self.state.position if epoch == self.state.epoch and not self.seen else 0
         return dataclasses.replace(self.state, epoch=epoch, position=position)
@@ -161,6 +185,14 @@ class RunDescription:
         for epoch in self.epochs:
             state = dataclasses.replace(self._at(epoch), columns=list(columns))
             parts = self.parts(epoch)
+            # Every rank takes as many samples as rank 0: none, and no rank is asked
+            # (a world larger than the epoch's blocks).
+            shares = (
+                state.request(part, rank=0, world_size=self.world_size, block=size)
+                for part in parts
+            )
+            if not any(share.samples_per_rank() for share in shares):
+                continue
             for rank in range(self.world_size):
                 step = 0
                 for part in parts:

@@ -10,20 +10,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from dataset_rt.audit import RunDescription, write_manifest
+from dataset_rt._native import check_name
+from dataset_rt.audit import MANIFEST_COLUMNS, MAX_EPOCHS, RunDescription, write_manifest
 from dataset_rt.errors import InvalidArgumentError
 from dataset_rt.loader import LocalSource, StreamSource
 
+#: Exit status of a bad input (what the caller got wrong: a malformed state, a
+#: wrong name, a missing store), as argparse's own usage errors.
+EXIT_BAD_INPUT = 2
+
 #: Exit status when a group deviates more than ``--max-sigma``.
 EXIT_DEVIATION = 3
+
+#: The largest loader state file read (a state is a few hundred bytes, plus 40
+#: per population switch).
+MAX_STATE_BYTES = 64 << 20
 
 DESCRIPTION = """\
 Recompute what a training run saw, without reading one payload: the manifest
@@ -31,7 +41,8 @@ Recompute what a training run saw, without reading one payload: the manifest
 report (per group of a column: expected share from the weights, observed share,
 deviation in binomial sigma, distinct samples, repeats, never drawn), with a
 fingerprint of the data. Exits 3 when --max-sigma is given and a group deviates
-more; 1 on an error.
+more; 2 on a bad input (a malformed state, a wrong name, a missing population
+store); 1 when something else fails (a damaged cache).
 """
 
 EXAMPLES = """\
@@ -139,7 +150,28 @@ def add_parser(commands: Any) -> None:
         help=f"exit {EXIT_DEVIATION} if a group deviates more than this many sigma",
     )
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
-    audit.set_defaults(run=run_audit)
+    audit.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """`run_audit`, with every bad input answered by one line on stderr and
+    exit 2. (What broke inside, such as a damaged cache, is left to the CLI's
+    own handler: exit 1.)"""
+    try:
+        return run_audit(args)
+    except (ValueError, LookupError, OverflowError, RecursionError) as error:
+        # The engine's user errors are ValueError (InvalidArgumentError, ...) or
+        # LookupError (NotFoundError); one line, whatever the message holds.
+        print(f"error: {_one_line(error)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as error:
+        # A damaged cache, a failed write: not the input's fault (exit 1), one line.
+        print(f"error: {_one_line(error)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def run_audit(args: argparse.Namespace) -> int:
@@ -150,12 +182,18 @@ def run_audit(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("nothing to do: give --manifest PATH and/or --group COLUMN")
     if args.read_manifest and (args.manifest or not args.group):
         raise InvalidArgumentError("--read-manifest needs --group and excludes --manifest")
-    state = _read_state(args.state) if args.state else None
-    dataset = args.dataset or (state["dataset"] if state else None)
+    # The state is read and checked whole before anything is opened: a name
+    # from it reaches a path only once the core's rule has passed it.
+    saved = _from_state(args, _read_state(args.state)) if args.state else None
+    dataset = args.dataset or (saved.state.dataset if saved else None)
     if dataset is None:
         raise InvalidArgumentError("name the run's dataset: a state file or --dataset")
+    check_name("dataset", dataset)
+    _check_outputs(args)
     source = _source(args, dataset)
-    run = _describe(args, source, dataset, state)
+    run = saved or _from_keys(args, source, dataset)
+    if args.group:
+        _check_selection(args, run)
 
     from dataset_rt.mixture import mixture_report
 
@@ -202,25 +240,27 @@ def _source(args: argparse.Namespace, dataset: str) -> StreamSource:
         return FlightSource(args.server, token=args.token)
     if args.state_dir is None:
         raise InvalidArgumentError("--cache needs --state-dir (where the populations are)")
-    return LocalSource(args.cache, args.state_dir, name=dataset)
+    # The audit reads a store, never starts one: a wrong name or state dir is
+    # NotFound, not a new store there.
+    return LocalSource(args.cache, args.state_dir, name=dataset, create=False)
 
 
-def _describe(
-    args: argparse.Namespace, source: StreamSource, dataset: str, state: dict[str, Any] | None
-) -> RunDescription:
-    if state is not None:
-        if args.population or args.epoch_len or args.seed is not None or args.shuffle != "true":
-            raise InvalidArgumentError(
-                "a state file fixes --seed, --population, --epoch-len and --shuffle; "
-                "only --epochs, --world-size and --batch-size may override it"
-            )
-        return RunDescription.from_state(
-            state,
-            epochs=args.epochs,
-            world_size=args.world_size,
-            batch_size=args.batch_size,
-            seen=args.seen,
+def _from_state(args: argparse.Namespace, state: dict[str, Any]) -> RunDescription:
+    if args.population or args.epoch_len or args.seed is not None or args.shuffle != "true":
+        raise InvalidArgumentError(
+            "a state file fixes --seed, --population, --epoch-len and --shuffle; "
+            "only --epochs, --world-size and --batch-size may override it"
         )
+    return RunDescription.from_state(
+        state,
+        epochs=args.epochs,
+        world_size=args.world_size,
+        batch_size=args.batch_size,
+        seen=args.seen,
+    )
+
+
+def _from_keys(args: argparse.Namespace, source: StreamSource, dataset: str) -> RunDescription:
     if args.seen:
         raise InvalidArgumentError("--seen needs a state file (a checkpoint's loader state)")
     missing = [
@@ -241,8 +281,66 @@ def _describe(
     )
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every file to write has a directory to go to (and the report a format),
+    before the run is computed."""
+    if args.report is not None and args.report.suffix not in (".json", ".parquet"):
+        raise InvalidArgumentError(f"--report is a .json or .parquet file, got {args.report}")
+    for flag, path in (
+        ("--manifest", args.manifest),
+        ("--report", args.report),
+        ("--plot", args.plot),
+    ):
+        if path is not None and not path.absolute().parent.is_dir():
+            raise InvalidArgumentError(
+                f"{flag} {path}: its directory {path.absolute().parent} does not exist"
+            )
+
+
+def _check_selection(args: argparse.Namespace, run: RunDescription) -> None:
+    """A report needs draws: the run's steps (or the recorded manifest's rows)
+    that ``--steps`` selects must not be none."""
+    first, stop = args.steps or (0, None)
+    chosen = "" if args.steps is None else f" in steps {first}:{stop}"
+    if args.read_manifest is None:
+        steps = max((run.steps(epoch) for epoch in run.epochs), default=0)
+        if first >= steps:
+            raise InvalidArgumentError(
+                f"the run draws no sample{chosen}: each rank takes {steps} steps of "
+                f"{run.batch_size} in {_span(run.epochs)}; nothing to report on"
+            )
+        return
+    path = args.read_manifest
+    try:
+        schema = pl.read_parquet_schema(path)
+    except (OSError, pl.exceptions.PolarsError) as error:
+        raise InvalidArgumentError(f"cannot read the manifest {path}: {error}") from None
+    wrong = [name for name in MANIFEST_COLUMNS if not schema.get(name, pl.Null()).is_integer()]
+    if wrong:
+        raise InvalidArgumentError(
+            f"{path} is not a manifest: its columns {wrong} are missing or not integers "
+            f"(a manifest has {list(MANIFEST_COLUMNS)}, written by --manifest)"
+        )
+    rows = pl.scan_parquet(path)
+    if args.steps is not None:
+        rows = rows.filter((pl.col("step") >= first) & (pl.col("step") < stop))
+    try:
+        drawn = rows.select(pl.len()).collect().item()
+    except pl.exceptions.PolarsError as error:
+        raise InvalidArgumentError(f"cannot read the manifest {path}: {error}") from None
+    if not drawn:
+        raise InvalidArgumentError(f"the manifest {path} records no sample{chosen}")
+
+
+def _span(epochs: Sequence[int]) -> str:
+    if len(epochs) == 1:
+        return f"epoch {epochs[0]}"
+    return f"epochs {epochs[0]}-{epochs[-1]}" if epochs else "no epoch"
+
+
 def _read_state(path: Path) -> dict[str, Any]:
-    """A loader state from a JSON file or a torch checkpoint."""
+    """A loader state from a JSON file or a torch checkpoint: a dict with
+    string keys (its content is `LoaderState.from_dict`'s to check)."""
     if path.suffix in (".pt", ".pth"):
         try:
             import torch
@@ -251,18 +349,46 @@ def _read_state(path: Path) -> dict[str, Any]:
                 f"{path} is a torch checkpoint and torch is not installed; save the loader "
                 "state as JSON (json.dump(loader.state_dict(), f)) or install torch"
             ) from None
-        loaded = torch.load(path, weights_only=True)
+        try:
+            loaded = torch.load(path, weights_only=True)
+        except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as error:
+            # (RecursionError is a RuntimeError.) torch's messages run to many lines.
+            first = str(error).strip().splitlines()[:1] or [type(error).__name__]
+            raise InvalidArgumentError(
+                f"cannot read the torch checkpoint {path}: {first[0]}"
+            ) from None
     else:
         try:
-            loaded = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            with path.open("rb") as file:
+                text = file.read(MAX_STATE_BYTES + 1)
+        except OSError as error:
             raise InvalidArgumentError(f"cannot read the loader state {path}: {error}") from None
+        if len(text) > MAX_STATE_BYTES:
+            raise InvalidArgumentError(
+                f"the loader state {path} is larger than {MAX_STATE_BYTES >> 20} MiB; "
+                "a loader state is a small JSON file (loader.state_dict())"
+            )
+        try:
+            loaded = json.loads(text)
+        # ValueError: malformed JSON or UTF-8, or an integer beyond Python's digit limit.
+        except ValueError as error:
+            raise InvalidArgumentError(f"cannot read the loader state {path}: {error}") from None
+        except RecursionError:
+            raise InvalidArgumentError(
+                f"cannot read the loader state {path}: its JSON is nested too deeply "
+                "(a loader state nests three levels)"
+            ) from None
     if isinstance(loaded, dict) and "loader" in loaded and "version" not in loaded:
         loaded = loaded["loader"]
     if not isinstance(loaded, dict):
         raise InvalidArgumentError(
             f"{path} holds no loader state: expected a dict (loader.state_dict()) or a "
             f"dict with it under 'loader', got {type(loaded).__name__}"
+        )
+    if not all(isinstance(key, str) for key in loaded):
+        raise InvalidArgumentError(
+            f"{path} holds no loader state: its keys must be strings, got "
+            f"{sorted(repr(key) for key in loaded)[:10]}"
         )
     return loaded
 
@@ -271,6 +397,10 @@ def _epochs(text: str) -> list[int]:
     try:
         if "-" in text:
             first, last = (int(x) for x in text.split("-", 1))
+            if last - first >= MAX_EPOCHS:
+                raise argparse.ArgumentTypeError(
+                    f"epochs {text!r}: a run covers at most {MAX_EPOCHS} epochs"
+                )
             chosen = list(range(first, last + 1))
         else:
             chosen = [int(x) for x in text.split(",") if x]

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import polars as pl
 import pyarrow as pa
 
+from dataset_rt._native import check_name
 from dataset_rt.config import ShuffleMode
 from dataset_rt.dataset import batch_reader
 from dataset_rt.errors import InvalidArgumentError
@@ -144,6 +145,7 @@ class LoaderState:
             raise InvalidArgumentError(
                 f"loader state 'dataset' must be a dataset name, got {state['dataset']!r}"
             )
+        check_name("dataset", state["dataset"])  # the core's rule for path parts
         if not (isinstance(state["shuffle"], bool) or state["shuffle"] == "permutation"):
             raise InvalidArgumentError(
                 "loader state 'shuffle' must be true, false or \"permutation\", "
@@ -321,7 +323,9 @@ class LocalSource:
     ``state_dir`` (content-addressed, shared by every process that opens it).
 
     ``put`` stores a reweighted population (a Polars DataFrame or any Arrow
-    table) and answers its id, as a server's ``do_put`` does.
+    table) and answers its id, as a server's ``do_put`` does. With
+    ``create=False`` (the audit) the population store must exist, with an
+    active population: nothing is created, a missing one is `NotFoundError`.
     """
 
     def __init__(
@@ -332,6 +336,7 @@ class LocalSource:
         name: str = "dataset",
         num_threads: int = 2,
         validate_cache: bool = False,
+        create: bool = True,
     ) -> None:
         if isinstance(caches, (str, Path)):
             caches = [caches]
@@ -340,6 +345,7 @@ class LocalSource:
         self.name = name
         self.num_threads = num_threads
         self.validate_cache = validate_cache
+        self.create = create
         self._opened: tuple[int, DatasetService] | None = None
         _ = self.service  # open now, so that a bad path fails here, not in a worker
 
@@ -354,6 +360,7 @@ class LocalSource:
                 self.caches,
                 self.state_dir,
                 validate_cache=self.validate_cache,
+                create=self.create,
             )
             self._opened = (os.getpid(), service)
         return self._opened[1]

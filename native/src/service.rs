@@ -19,6 +19,7 @@ use crate::population::{
 };
 use crate::request::StreamRequest;
 use crate::sampling::StreamOrder;
+use crate::storage::publish::validate_name;
 use crate::storage::CacheSet;
 use crate::stream::{BatchContext, EpochStream, StreamCounters, StreamOptions, WorkerPool};
 
@@ -46,27 +47,12 @@ pub struct ServiceStats {
 
 impl DatasetService {
     /// Open the caches and the population store; the first start stores the
-    /// caches' full table and makes it active.
+    /// caches' full table and makes it active. `name` must be a plain
+    /// directory name (`validate_name`): it becomes `state_dir/name`.
     pub fn open(name: &str, paths: &[PathBuf], state_dir: &Path, verify: bool) -> Result<Self> {
+        validate_name("dataset", name)?;
         let caches = Arc::new(CacheSet::open(paths, verify)?);
-        // Populations name (cache_id, sample_id) pairs, so the store belongs to
-        // one set of caches: rebuilt caches get a fresh store of their own.
-        let mut key = crate::hash::Xxh3::new();
-        for cache in caches.caches() {
-            key.update(&cache.cache_id().to_le_bytes());
-        }
-        let store_dir = state_dir
-            .join(name)
-            .join(format!("caches-{:016x}", key.digest()));
-        let store = PopulationStore::open(&store_dir)?;
-        let service = DatasetService {
-            name: name.to_string(),
-            caches,
-            store,
-            loaded: Mutex::new((HashMap::new(), VecDeque::new())),
-            counters: Arc::new(StreamCounters::default()),
-            streams: AtomicU64::new(0),
-        };
+        let service = Self::assemble(name, caches, state_dir, PopulationStore::open)?;
         if service.store.active()?.is_none() {
             let full = Population::full(&service.caches)?;
             let full = Population::from_table(&service.caches, canonical(full.table())?)?;
@@ -87,6 +73,96 @@ impl DatasetService {
             }
         }
         Ok(service)
+    }
+
+    /// Open a dataset whose population store exists and has an active
+    /// population, creating, locking and removing nothing (the audit: a wrong
+    /// name or state dir must not start a store, nor touch a live server's).
+    /// Anything missing is `NotFound`, naming the dataset, the state dir and
+    /// what to give instead.
+    pub fn open_existing(
+        name: &str,
+        paths: &[PathBuf],
+        state_dir: &Path,
+        verify: bool,
+    ) -> Result<Self> {
+        validate_name("dataset", name)?;
+        if !state_dir.is_dir() {
+            return Err(Error::NotFound(format!(
+                "the state dir {} does not exist or is not a directory; give the \
+                 --state-dir of the server (or LocalSource) that stored the populations \
+                 of dataset '{name}'",
+                state_dir.display()
+            )));
+        }
+        if !state_dir.join(name).is_dir() {
+            let mut known: Vec<String> = std::fs::read_dir(state_dir)
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .filter(|e| e.path().is_dir())
+                        .filter_map(|e| e.file_name().into_string().ok())
+                        .filter(|n| validate_name("dataset", n).is_ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            known.sort();
+            known.truncate(20);
+            return Err(Error::NotFound(format!(
+                "dataset '{name}' has no population store in the state dir {} (it holds \
+                 {known:?}); name a dataset stored there, or give the state dir that holds \
+                 '{name}'",
+                state_dir.display()
+            )));
+        }
+        let caches = Arc::new(CacheSet::open(paths, verify)?);
+        let service = Self::assemble(name, caches, state_dir, |dir| {
+            PopulationStore::open_existing(dir).map_err(|e| match e {
+                Error::NotFound(_) => Error::NotFound(format!(
+                    "dataset '{name}' in the state dir {} has no population store for these \
+                     caches (expected {}): its populations belong to other caches (a store \
+                     belongs to one set of caches, in the server's order); give the caches \
+                     the server serves, in its order",
+                    state_dir.display(),
+                    dir.display()
+                )),
+                other => other,
+            })
+        })?;
+        if service.store.active()?.is_none() {
+            return Err(Error::NotFound(format!(
+                "dataset '{name}' has no active population in the state dir {}; start a \
+                 server (or a LocalSource) over its caches with this state dir once",
+                state_dir.display()
+            )));
+        }
+        Ok(service)
+    }
+
+    /// The service over `caches` with the store `open_store` opens at its
+    /// place: populations name (cache_id, sample_id) pairs, so the store
+    /// belongs to one set of caches (rebuilt caches get a fresh store).
+    fn assemble(
+        name: &str,
+        caches: Arc<CacheSet>,
+        state_dir: &Path,
+        open_store: impl FnOnce(&Path) -> Result<PopulationStore>,
+    ) -> Result<Self> {
+        let mut key = crate::hash::Xxh3::new();
+        for cache in caches.caches() {
+            key.update(&cache.cache_id().to_le_bytes());
+        }
+        let store_dir = state_dir
+            .join(name)
+            .join(format!("caches-{:016x}", key.digest()));
+        Ok(DatasetService {
+            name: name.to_string(),
+            caches,
+            store: open_store(&store_dir)?,
+            loaded: Mutex::new((HashMap::new(), VecDeque::new())),
+            counters: Arc::new(StreamCounters::default()),
+            streams: AtomicU64::new(0),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -274,5 +350,106 @@ impl DatasetService {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{
+        CacheWriter, ColumnSpec, Compression, EncodedRecord, MetaType, MetaValue,
+    };
+
+    fn cache(base: &Path) -> PathBuf {
+        let columns = vec![ColumnSpec {
+            name: "label".into(),
+            dtype: MetaType::Int64,
+        }];
+        let mut writer = CacheWriter::create(base, "c", columns, Default::default()).unwrap();
+        for i in 0..4u8 {
+            let record = EncodedRecord::encode(vec![i; 8], Compression::default()).unwrap();
+            writer.append(&record, &[MetaValue::Int(i.into())]).unwrap();
+        }
+        writer.finish().unwrap().0
+    }
+
+    /// Every file and directory under `dir`, sorted.
+    fn listing(dir: &Path) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut pending = vec![dir.to_path_buf()];
+        while let Some(next) = pending.pop() {
+            for entry in std::fs::read_dir(&next).unwrap().flatten() {
+                if entry.path().is_dir() {
+                    pending.push(entry.path());
+                }
+                found.push(entry.path());
+            }
+        }
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn names_that_are_not_one_path_part_are_refused_before_any_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let caches = [cache(&dir.path().join("caches"))];
+        let state = dir.path().join("sub").join("state");
+        let before = listing(dir.path());
+        for bad in ["../x", "a/b", "..", "", ".hidden", "/abs"] {
+            for open in [DatasetService::open, DatasetService::open_existing] {
+                let Err(error) = open(bad, &caches, &state, false) else {
+                    panic!("{bad:?} was accepted");
+                };
+                assert!(
+                    matches!(&error, Error::InvalidArgument(m) if m.starts_with("dataset name")),
+                    "{error}"
+                );
+            }
+        }
+        assert_eq!(listing(dir.path()), before);
+    }
+
+    #[test]
+    fn open_existing_creates_nothing_and_says_what_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let caches = [cache(&dir.path().join("caches"))];
+        let state = dir.path().join("state");
+        let refused = |name: &str| match DatasetService::open_existing(name, &caches, &state, false)
+        {
+            Err(Error::NotFound(message)) => message,
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("{name} opened"),
+        };
+        let before = listing(dir.path());
+        assert!(refused("d").contains("does not exist"));
+        assert_eq!(listing(dir.path()), before);
+
+        let served = DatasetService::open("d", &caches, &state, false).unwrap();
+        let before = listing(dir.path());
+        let unknown = refused("e");
+        assert!(
+            unknown.contains("'e'") && unknown.contains("[\"d\"]"),
+            "{unknown}"
+        );
+        // A store for other caches: the dataset's directory is there, its store is not.
+        std::fs::create_dir(state.join("f")).unwrap();
+        assert!(refused("f").contains("other caches"));
+        std::fs::remove_dir(state.join("f")).unwrap();
+        assert_eq!(listing(dir.path()), before);
+
+        let opened = DatasetService::open_existing("d", &caches, &state, false).unwrap();
+        assert_eq!(opened.active().unwrap(), served.active().unwrap());
+        assert_eq!(
+            listing(dir.path()),
+            before,
+            "opening read-only wrote nothing"
+        );
+        // A store without an active pointer is not a store a server left.
+        let pointer = listing(&state)
+            .into_iter()
+            .find(|p| p.ends_with("active.json"))
+            .unwrap();
+        std::fs::remove_file(pointer).unwrap();
+        assert!(refused("d").contains("no active population"));
     }
 }

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from dataset_rt.audit import MANIFEST_COLUMNS, RunDescription
-from dataset_rt.audit_cli import EXIT_DEVIATION
+from dataset_rt.audit_cli import EXIT_BAD_INPUT, EXIT_DEVIATION
 from dataset_rt.cli import main
 from dataset_rt.loader import LocalSource
 
@@ -170,7 +170,7 @@ def test_a_run_from_keys(source: LocalSource, tmp_path: Path) -> None:
 def test_bad_arguments_say_what_is_wrong(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["audit", *args]) == 1
+    assert main(["audit", *args]) == EXIT_BAD_INPUT
     assert message in capsys.readouterr().err
 
 
@@ -179,20 +179,23 @@ def test_bad_inputs_are_named(
 ) -> None:
     population = source.put(balanced(source.metadata()), activate=False)
     state = saved_state(source, population, tmp_path / "s.json")
-    assert main(["audit", str(state), *where(source), "--group", "colour"]) == 1
+    assert main(["audit", str(state), *where(source), "--group", "colour"]) == EXIT_BAD_INPUT
     assert "'colour' is not a column" in capsys.readouterr().err
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
-    assert main(["audit", str(broken), *where(source), "--group", "label"]) == 1
+    assert main(["audit", str(broken), *where(source), "--group", "label"]) == EXIT_BAD_INPUT
     assert "cannot read the loader state" in capsys.readouterr().err
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"version": 1, "dataset": DATASET}))
-    assert main(["audit", str(wrong), *where(source), "--group", "label"]) == 1
+    assert main(["audit", str(wrong), *where(source), "--group", "label"]) == EXIT_BAD_INPUT
     assert "loader state keys: missing" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["audit", str(state), *where(source), "--group", "label", "--steps", "5:2"])
     assert "FIRST:STOP" in capsys.readouterr().err
-    assert main(["audit", str(state), *where(source), "--seed", "3", "--group", "label"]) == 1
+    assert (
+        main(["audit", str(state), *where(source), "--seed", "3", "--group", "label"])
+        == EXIT_BAD_INPUT
+    )
     assert "a state file fixes --seed" in capsys.readouterr().err
 
 

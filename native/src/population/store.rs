@@ -116,6 +116,28 @@ impl PopulationStore {
         })
     }
 
+    /// Open a store that must already exist, creating and removing nothing
+    /// (for readers such as the audit, which must never start a store where
+    /// a wrong path points): `NotFound` unless `dir/populations/` is there.
+    pub fn open_existing(dir: &Path) -> Result<Self> {
+        let populations = dir.join(POPULATIONS);
+        match fs::metadata(&populations) {
+            Ok(meta) if meta.is_dir() => Ok(PopulationStore {
+                dir: dir.to_path_buf(),
+            }),
+            Ok(_) => Err(Error::corrupt(
+                &populations,
+                "not a directory; a population store keeps its populations in a directory",
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotFound(format!(
+                "there is no population store at {}; a server or a LocalSource over \
+                 the same caches creates it on its first start",
+                dir.display()
+            ))),
+            Err(e) => Err(Error::io("cannot open the population store", dir, e)),
+        }
+    }
+
     fn path_of(&self, id: &str) -> PathBuf {
         self.dir.join(POPULATIONS).join(format!("{id}.arrow"))
     }
@@ -354,6 +376,36 @@ mod tests {
         assert_eq!(temps(&populations), 1, "writes do not scan the store");
         PopulationStore::open(dir.path()).unwrap();
         assert_eq!(temps(&populations), 0);
+    }
+
+    #[test]
+    fn open_existing_creates_and_removes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nowhere");
+        assert!(matches!(
+            PopulationStore::open_existing(&missing),
+            Err(Error::NotFound(_))
+        ));
+        assert!(!missing.exists());
+        let id = PopulationStore::open(dir.path())
+            .unwrap()
+            .put(&table(1.0))
+            .unwrap();
+        let leftover = dir.path().join(".tmp-1-0-0");
+        fs::write(&leftover, b"half a table").unwrap();
+        let store = PopulationStore::open_existing(dir.path()).unwrap();
+        assert!(leftover.exists(), "a read-only opening removes nothing");
+        assert_eq!(store.load(&id).unwrap(), canonical(&table(1.0)).unwrap());
+        assert_eq!(store.active().unwrap(), None);
+        let file = dir.path().join("file");
+        fs::write(&file, b"").unwrap();
+        fs::create_dir(dir.path().join("plain")).unwrap();
+        assert!(matches!(
+            PopulationStore::open_existing(&dir.path().join("plain")),
+            Err(Error::NotFound(_))
+        ));
+        assert!(PopulationStore::open_existing(&file).is_err());
+        assert!(!dir.path().join("plain").join(POPULATIONS).exists());
     }
 
     #[test]

@@ -66,6 +66,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cache::CacheInfo>()?;
     m.add_class::<cache::ShardInfo>()?;
     m.add_function(wrap_pyfunction!(request::parse_ticket, m)?)?;
+    m.add_function(wrap_pyfunction!(service::check_name, m)?)?;
     m.add_function(wrap_pyfunction!(writer::write_cache, m)?)?;
     m.add_function(wrap_pyfunction!(writer::validate_source_name_py, m)?)?;
     m.add_function(wrap_pyfunction!(writer::check_source_names_py, m)?)?;

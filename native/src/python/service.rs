@@ -16,6 +16,7 @@ use super::Runtime;
 use crate::error::Error;
 use crate::population::check_population_id;
 use crate::service::DatasetService as Engine;
+use crate::storage::publish::validate_name;
 use crate::stream::{StreamOptions, WorkerPool};
 
 #[pyclass(frozen, module = "dataset_rt._native")]
@@ -45,10 +46,19 @@ pub struct ServiceStats {
     bytes_sent: u64,
 }
 
+/// The core's one rule for a name used as a path part (`kind` is what the
+/// name is, e.g. "dataset"): `InvalidArgumentError` unless it is one.
+#[pyfunction]
+pub fn check_name(kind: &str, name: &str) -> PyResult<()> {
+    validate_name(kind, name).py()
+}
+
 #[pymethods]
 impl DatasetService {
+    /// `create=False` opens only a store that exists with an active
+    /// population, writing nothing (`NotFoundError` otherwise).
     #[new]
-    #[pyo3(signature = (runtime, name, paths, state_dir, *, validate_cache=false))]
+    #[pyo3(signature = (runtime, name, paths, state_dir, *, validate_cache=false, create=true))]
     fn new(
         py: Python<'_>,
         runtime: &Runtime,
@@ -56,9 +66,15 @@ impl DatasetService {
         paths: Vec<PathBuf>,
         state_dir: PathBuf,
         validate_cache: bool,
+        create: bool,
     ) -> PyResult<Self> {
+        let open = if create {
+            Engine::open
+        } else {
+            Engine::open_existing
+        };
         let inner = py
-            .detach(|| Engine::open(&name, &paths, &state_dir, validate_cache))
+            .detach(|| open(&name, &paths, &state_dir, validate_cache))
             .py()?;
         Ok(DatasetService {
             inner: Arc::new(inner),

@@ -10,8 +10,11 @@ use crate::error::{Error, IoContext, Result};
 
 const PARTIAL_MARKER: &str = ".partial-";
 
-/// A source name is used as a directory name: keep it to one plain path part.
-pub fn validate_source_name(name: &str) -> Result<()> {
+/// The one rule for a name that becomes one part of a path (a cache source's
+/// directory, a dataset's directory in a state dir): a plain path part, never
+/// empty, hidden, `..`, nested or longer than 200 bytes. `kind` says what the
+/// name is ("source", "dataset") in the message.
+pub fn validate_name(kind: &str, name: &str) -> Result<()> {
     let problem = if name.is_empty() {
         Some("is empty")
     } else if name.len() > 200 {
@@ -25,11 +28,17 @@ pub fn validate_source_name(name: &str) -> Result<()> {
     };
     match problem {
         Some(p) => Err(Error::invalid(format!(
-            "source name {name:?} {p}; a source name must be a plain directory name \
+            "{kind} name {name:?} {p}; a {kind} name must be a plain directory name \
              such as 'train_v1'"
         ))),
         None => Ok(()),
     }
+}
+
+/// A source name is used as a directory name: keep it to one plain path part
+/// (`validate_name`, with dataset-rt 0.4.8's message for sources).
+pub fn validate_source_name(name: &str) -> Result<()> {
+    validate_name("source", name)
 }
 
 /// The message of a source that yielded nothing (dataset-rt 0.4.8's words,
@@ -112,6 +121,34 @@ mod tests {
             assert!(validate_source_name(bad).is_err(), "{bad:?}");
         }
         validate_source_name("train_v1").unwrap();
+    }
+
+    #[test]
+    fn one_rule_for_every_kind_of_name() {
+        for bad in [
+            "", ".", "..", "../x", "a/b", "/abs", "a\\b", "x\0y", ".hidden",
+        ] {
+            for kind in ["source", "dataset"] {
+                let message = validate_name(kind, bad).unwrap_err().to_string();
+                assert!(
+                    message.starts_with(&format!("{kind} name {bad:?} ")),
+                    "{message}"
+                );
+                assert!(
+                    message.contains(&format!("a {kind} name must be")),
+                    "{message}"
+                );
+            }
+        }
+        assert!(validate_name("dataset", &"x".repeat(201)).is_err());
+        validate_name("dataset", &"x".repeat(200)).unwrap();
+        validate_name("dataset", "mix-2.v1").unwrap();
+        // dataset-rt 0.4.8's words for sources, which its users compare.
+        assert_eq!(
+            validate_source_name("a/b").unwrap_err().to_string(),
+            "source name \"a/b\" contains '/', '\\' or a NUL byte; a source name must be a \
+             plain directory name such as 'train_v1'"
+        );
     }
 
     #[test]
