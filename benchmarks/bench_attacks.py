@@ -1,7 +1,8 @@
-"""The audit's attacks, replayed against a real server: what it does now.
+"""The audits' attacks, replayed against a real server: what it does now.
 
-    uv run python benchmarks/bench_attacks.py            # about 2-3 minutes on 2 cores
-    uv run python benchmarks/bench_attacks.py --quick    # fewer streams and put rows
+    uv run python benchmarks/bench_attacks.py                 # about 3-4 minutes on 2 cores
+    uv run python benchmarks/bench_attacks.py --quick         # fewer streams and put rows
+    uv run python benchmarks/bench_attacks.py --only issue22  # the probe's attacks only
 
 Each attack runs against a fresh ``python -m flight_server`` subprocess on
 loopback serving one cache of ``--records`` records of 1 KiB (written to a
@@ -20,14 +21,20 @@ temporary directory), with the default limits unless the row says otherwise:
 3. SIGTERM with 64 idle streams open (``--max-streams-per-client 64``, since
    all loopback clients are one client);
 4. a 10-million-row ``do_put`` sent in batches, with ``--max-put-rows 1000000``;
-5. a ``do_put`` whose table has two ``weight`` columns.
+5. a ``do_put`` whose table has two ``weight`` columns;
+
+and then the attacks of the adversarial probe of issue 22 (`_fault_attacks`: a
+shard cut under the server, re-spelt token headers, path traversal and deep
+JSON in the audit CLI, a full state volume, the HTTP side port, bad tokens in
+the metrics). ``--only issue10`` or ``--only issue22`` runs one set.
 
 Printed: one table, "attack | what the server did | now | before", where
-"before" is what the audit measured before the limits existed. Server RSS,
-threads and CPU time come from /proc/<pid>; open streams and calls by status
-from the server's /metrics. Every loop and wait is bounded in count and time
-(the attackers stop opening streams after a time budget); clients are closed
-and every server stopped (killed if need be) in ``finally``.
+"before" is what the audit measured before the limits existed (or the probe,
+before its fixes). Server RSS, threads and CPU time come from /proc/<pid>; open
+streams and calls by status from the server's /metrics. Every loop and wait is
+bounded in count and time (the attackers stop opening streams after a time
+budget); clients are closed and every server stopped (killed if need be) in
+``finally``.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _fault_attacks
 from _flight_common import BenchError, ServerProcess, human_bytes, make_log, render, write_cache
 
 DATASET = "attacks"
@@ -395,7 +403,8 @@ class Server:
 
 @contextlib.contextmanager
 def running_server(name: str, cache: Path, root: Path, *extra: str) -> Iterator[Server]:
-    command = [sys.executable, "-m", "flight_server", "--port", "0", "--metrics-port", "0"]
+    # -P: the server imports what this process imports (PYTHONPATH), not the cwd's tree.
+    command = [sys.executable, "-P", "-m", "flight_server", "--port", "0", "--metrics-port", "0"]
     command += ["--dataset", f"{DATASET}={cache}", "--state-dir", str(root / f"state-{name}")]
     command += ["--data-dir", str(root / "data"), "--log-level", "WARNING", *extra]
     process = ServerProcess.start(name, command, root)
@@ -767,6 +776,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer streams and put rows")
     parser.add_argument("--records", type=int, default=None, help="records of 1 KiB in the cache")
+    parser.add_argument(
+        "--only",
+        choices=["issue10", "issue22"],
+        help="only the attacks of one audit: issue10 (1-5 above) or issue22 (_fault_attacks)",
+    )
     args = parser.parse_args()
     scale = QUICK if args.quick else FULL
     records = args.records or scale.records
@@ -793,25 +807,33 @@ def main() -> int:
             ),
         ]
         try:
-            attackers = Attackers(scale.attackers)
-            with running_server("endpoints", cache, root) as server:
-                attack_world_size(report, server)
-            for attack, options in streams_attacks:
-                with running_server(f"streams-{attack.tag}", cache, root, *options) as server:
-                    attack_idle_streams(report, server, attackers, scale, attack)
-            per_client = ["--max-streams-per-client", str(SHUTDOWN_STREAMS)]
-            with running_server("shutdown", cache, root, *per_client) as server:
-                attack_shutdown(report, server, attackers, scale)
-            with running_server("put", cache, root, "--max-put-rows", str(PUT_LIMIT)) as server:
-                attack_puts(report, server, scale)
+            if args.only != "issue22":
+                attackers = Attackers(scale.attackers)
+                with running_server("endpoints", cache, root) as server:
+                    attack_world_size(report, server)
+                for attack, options in streams_attacks:
+                    with running_server(f"streams-{attack.tag}", cache, root, *options) as server:
+                        attack_idle_streams(report, server, attackers, scale, attack)
+                per_client = ["--max-streams-per-client", str(SHUTDOWN_STREAMS)]
+                with running_server("shutdown", cache, root, *per_client) as server:
+                    attack_shutdown(report, server, attackers, scale)
+                with running_server("put", cache, root, "--max-put-rows", str(PUT_LIMIT)) as server:
+                    attack_puts(report, server, scale)
         finally:
             if attackers is not None:
                 attackers.stop()
+        if args.only != "issue10":
+            _fault_attacks.run_all(report, root, cache, DATASET)
 
+    streams = (
+        ""
+        if args.only == "issue22"
+        else f"; {scale.idle_streams} idle streams from {scale.attackers} client processes "
+        f"(opening budget {scale.open_budget:g} s)"
+    )
     print(
-        f"{records} records of 1 KiB; {scale.idle_streams} idle streams from "
-        f"{scale.attackers} client processes (opening budget {scale.open_budget:g} s); "
-        f"all clients on loopback; {time.monotonic() - began:.0f} s in all"
+        f"{records} records of 1 KiB{streams}; all clients on loopback; "
+        f"{time.monotonic() - began:.0f} s in all"
     )
     print(
         f"load average {load[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end, on "
