@@ -33,6 +33,7 @@ from dataset_rt.errors import (
     NotFoundError,
     SchemaMismatchError,
     SourceError,
+    StorageFullError,
 )
 from dataset_rt.records import (
     AbsentManifestTarget,
@@ -96,6 +97,7 @@ __all__ = [
     "ShuffleMode",
     "SizedTorchIterableDataset",
     "SourceError",
+    "StorageFullError",
     "WriterConfig",
     "WriterProfilerConfig",
 ]

@@ -9,6 +9,8 @@ failure from the library, the CLI and the Flight server.
 - `CorruptCacheError` (also `OSError`): a cache is incomplete, malformed or fails a
   checksum; the message names the file and the fix.
 - `CacheIOError` (also `OSError`): the operating system refused a read or write.
+- `StorageFullError` (a `CacheIOError`): the volume a write needed is full; nothing was
+  written. Over Flight it is UNAVAILABLE, which clients retry on another replica.
 - `SchemaMismatchError` (also `ValueError`): records or caches disagree about the schema.
 - `InvalidPopulationError` (also `ValueError`): a metadata table was rejected;
   ``column``, ``row`` and ``count`` say where.
@@ -31,6 +33,7 @@ from dataset_rt._native import (
     NotFoundError,
     SchemaMismatchError,
     SourceError,
+    StorageFullError,
 )
 
 __all__ = [
@@ -43,4 +46,5 @@ __all__ = [
     "NotFoundError",
     "SchemaMismatchError",
     "SourceError",
+    "StorageFullError",
 ]

@@ -19,6 +19,7 @@ from dataset_rt._native import (
     ServiceStats,
     StreamRequest,
     check_cache,
+    check_name,
     parse_ticket,
     validate_source_name,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "ServiceStats",
     "StreamRequest",
     "check_cache",
+    "check_name",
     "parse_ticket",
     "validate_source_name",
 ]

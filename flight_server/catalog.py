@@ -25,7 +25,7 @@ class DatasetSpec:
             raise ValueError(
                 f"--dataset {text!r} is malformed; expected NAME=CACHE_DIR[,CACHE_DIR...]"
             )
-        engine.validate_source_name(name)
+        engine.check_name("dataset", name)  # the core's one rule for path parts
         return cls(name, paths)
 
 

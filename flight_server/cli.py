@@ -59,12 +59,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state-dir", type=Path, default=None, help="population store (default DATA_DIR/state)"
     )
+    parser.add_argument(
+        "--keep-populations",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after each do_put keep at most N stored populations per dataset: the active one "
+        "and the most recently stored others; tickets that pin a removed one get NOT_FOUND "
+        "(default 0: keep all)",
+    )
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate (enables grpc+tls)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     parser.add_argument(
         "--token-file",
         type=Path,
-        help="bearer tokens, one '<read|admin> <token>' per line; every call needs one",
+        help="bearer tokens, one '<read|admin> <token> [name]' per line; every call needs one",
     )
     parser.add_argument(
         "--advertise",
@@ -221,6 +230,10 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
         raise ValueError("--metrics-auth token needs --token-file (the tokens /metrics accepts)")
     if args.min_free_bytes < 0:
         raise ValueError(f"--min-free-bytes must be >= 0 (0: no floor), got {args.min_free_bytes}")
+    if args.keep_populations < 0:
+        raise ValueError(
+            f"--keep-populations must be >= 0 (0: keep all), got {args.keep_populations}"
+        )
     if not args.shutdown_grace >= 0:
         raise ValueError(f"--shutdown-grace must be >= 0 seconds, got {args.shutdown_grace}")
     limits = Limits(
@@ -245,6 +258,8 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
         specs = [DatasetSpec(DEMO_NAME, (ensure_demo_cache(runtime, args.data_dir),))]
     state_dir = args.state_dir or args.data_dir / "state"
     catalog = Catalog(specs, state_dir, runtime, validate_cache=args.validate_cache)
+    for name in catalog.names():
+        catalog.get(name).set_keep_populations(args.keep_populations)
     tls = None
     scheme = "grpc"
     if args.tls_cert is not None:

@@ -5,8 +5,9 @@ NOT_FOUND on the wire; the Flight error classes carry the other statuses.
 
 A client sees the message and the status, nothing of the server's insides:
 
-- in the messages of the client's mistakes, the paths of the state directory
-  and the caches are replaced by names (`Redactor`); every message is cut to
+- in every message, INTERNAL ones included, the paths of the state directory
+  and the caches are replaced by names, and any other absolute path by
+  ``<path>`` (`Redactor`); every message is cut to
   `MAX_MESSAGE_CHARS` (gRPC refuses larger trailers) and made valid UTF-8 (a
   lone surrogate from a request would not encode);
 - pyarrow sends any non-Flight exception of a handler with its formatted
@@ -22,6 +23,7 @@ A client sees the message and the status, nothing of the server's insides:
 from __future__ import annotations
 
 import functools
+import re
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -72,17 +74,34 @@ class Redactor:
     def __call__(self, message: str) -> str:
         for text, name in self._pairs:
             message = message.replace(text, name)
-        return message
+        # Any other absolute path (a temporary file, a system file) is the
+        # server's business too.
+        return _ABSOLUTE_PATH.sub("<path>", message)
 
 
-def to_flight_error(error: Exception, redact: Callable[[str], str] | None = None) -> Exception:
+#: An absolute path of two or more parts, not inside a word or URL.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/<.])/(?:[\w.@+-]+/)+[\w.@+-]*")
+
+
+#: What a client is told when the server's volume is full (the error's own
+#: message names a server path).
+STORAGE_FULL = (
+    "the server's state volume is full, so it cannot store what this call needs; retry on "
+    "another replica, or once the server's operator has freed space"
+)
+
+
+def to_flight_error(
+    error: Exception, redact: Callable[[str], str] | None = None, *, dataset: str | None = None
+) -> Exception:
     """The exception a handler raises for ``error`` (the client sees its status).
 
-    ``redact`` hides the server's paths in the messages of the client's mistakes
-    (INTERNAL ones keep naming the damaged file, for the operator)."""
+    ``redact`` replaces the server's paths by names in every message (a damaged
+    file is named by its cache and file name: the server's log has the path);
+    ``dataset``, the dataset the call was about, is named in damage messages."""
     if isinstance(error, flight.FlightError):
         return cast(Exception, error)  # already a status
-    message = str(error)
+    message = (redact or Redactor())(str(error))
     status: Callable[[str], Exception]
     match error:
         case (
@@ -92,11 +111,16 @@ def to_flight_error(error: Exception, redact: Callable[[str], str] | None = None
             | drt.SchemaMismatchError()
             | pa.ArrowInvalid()
         ):
-            status, message = InvalidArgument, redact(message) if redact else message
+            status = InvalidArgument
         case drt.NotFoundError() | pa.ArrowKeyError():
-            status, message = NotFound, redact(message) if redact else message
+            status = NotFound
+        case drt.StorageFullError():
+            # Not damage and not the client's fault: another replica may have room.
+            status, message = flight.FlightUnavailableError, STORAGE_FULL
         case drt.CorruptCacheError() | drt.CacheIOError():
-            status, message = flight.FlightInternalError, f"the server's data is damaged: {message}"
+            where = f" (dataset {dataset!r})" if dataset else ""
+            status = flight.FlightInternalError
+            message = f"the server's data is damaged{where}: {message}"
         case drt.InternalError():
             status = flight.FlightInternalError
         case drt.DatasetRTError():

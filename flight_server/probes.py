@@ -34,6 +34,7 @@ thread. The bounds, each against what a side port of probes and scrapers sees:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -79,10 +80,14 @@ def readiness(
 
     def check() -> str | None:
         for name in catalog.names():
+            service = catalog.get(name)
             try:
-                catalog.get(name).active()
+                service.active()
             except Exception as error:
-                return f"dataset {name!r} cannot serve: {error}"
+                return f"dataset {name!r} cannot serve: {catalog.redact(str(error))}"
+            problem = service.problem()  # a cache file cut, deleted or damaged under us
+            if problem is not None:
+                return f"dataset {name!r} cannot serve: {catalog.redact(problem)}"
         try:
             with tempfile.NamedTemporaryFile(dir=state_dir, prefix=".ready-"):
                 pass
@@ -166,7 +171,10 @@ class ProbeServer:
     def close(self) -> None:
         """Stop accepting, close every connection, and stop the threads."""
         self._stopping.set()
-        self._server.pull_trigger()  # wakes the loop's poll
+        # Wakes the loop's poll; an OSError means the loop saw the flag first
+        # and closed the trigger already: it is done.
+        with contextlib.suppress(OSError):
+            self._server.pull_trigger()
         self._thread.join(CLOSE_SECONDS)
         self._server.task_dispatcher.shutdown(timeout=CLOSE_SECONDS)
 

@@ -66,7 +66,7 @@ def _flight_errors(handler: F) -> F:
         try:
             answer = handler(self, *args, **kwargs)
         except Exception as error:
-            mapped = to_flight_error(error, self.catalog.redact)
+            mapped = to_flight_error(error, self.catalog.redact, dataset=fields.get("dataset"))
             if isinstance(mapped, flight.FlightInternalError | flight.FlightServerError):
                 if isinstance(error, drt.DatasetRTError | flight.FlightError):
                     log.warning("%s failed: %s", method, error)
@@ -229,7 +229,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         # generator keeps its Flight status (INTERNAL for damage), where one met
         # inside a C stream reader would leave as INVALID_ARGUMENT or UNKNOWN; and
         # the slot sees every batch taken (the idle deadline, `flight_server.limits`).
-        batches = _mid_stream_errors(reader, stream, counter, self.catalog.redact)
+        batches = _mid_stream_errors(reader, stream, counter, self.catalog.redact, request.dataset)
         watch = self.metrics.stream(request.dataset, self._calls.fields)
         return flight.GeneratorStream(counter.schema, slot.feed(batches, watch))
 
@@ -407,6 +407,7 @@ def _mid_stream_errors(
     stream: engine.BatchStream,
     counter: StreamCounter,
     redact: Callable[[str], str],
+    dataset: str,
 ) -> Iterator[pa.RecordBatch]:
     """The reader's batches, each counted as it is sent. A failure met while
     streaming (a corrupt record, a failed worker) gets the status of its error
@@ -420,7 +421,7 @@ def _mid_stream_errors(
             stream.raise_failure()
         except Exception as typed:
             log.warning("do_get failed while streaming: %s", typed)
-            raise to_flight_error(typed, redact) from None
+            raise to_flight_error(typed, redact, dataset=dataset) from None
         log.warning("do_get failed while streaming: %s", error)
         raise flight.FlightInternalError(f"the stream failed: {error}") from None
     finally:

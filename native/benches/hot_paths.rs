@@ -380,6 +380,30 @@ fn record_read(c: &mut Criterion, fx: &Fixtures) {
                 black_box(&out);
             })
         });
+        if size == KIB {
+            // The same reads by `pread` instead of the mapping (one system call
+            // per record): what reading every record by `pread` would cost, the
+            // option docs/architecture.md ("Files that change under a reader")
+            // weighs against the guarded mapping. 1 KiB records are stored back
+            // to back, uncompressed.
+            let shard =
+                std::fs::File::open(fx.payload_cache(size).get(0).dir().join("shard-00000.bin"))
+                    .expect("the shard");
+            group.bench_function(BenchmarkId::new("pread", size_name(size)), |b| {
+                b.iter(|| {
+                    out.clear();
+                    out.resize(size, 0);
+                    std::os::unix::fs::FileExt::read_exact_at(
+                        &shard,
+                        &mut out,
+                        ids[next] * size as u64,
+                    )
+                    .expect("a record");
+                    next = (next + 1) % ids.len();
+                    black_box(dataset_rt_native::hash::xxh3_64(&out));
+                })
+            });
+        }
     }
     group.finish();
 }

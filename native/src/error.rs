@@ -24,6 +24,15 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The volume holding `path` is full (`ENOSPC`, or a quota: `EDQUOT`).
+    /// Not damage and not the caller's mistake: over Flight it is UNAVAILABLE,
+    /// which a client may retry on another replica.
+    #[error(
+        "{action} {path}: the volume is full (no space left on the device); free space on \
+         it, then retry"
+    )]
+    StorageFull { action: &'static str, path: PathBuf },
+
     /// Records or caches disagree about the metadata schema.
     #[error("{0}")]
     Schema(String),
@@ -68,7 +77,16 @@ impl Error {
         }
     }
 
+    /// An I/O error at `path`; a full volume is its own kind (`StorageFull`).
     pub fn io(action: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+            || source.kind() == std::io::ErrorKind::StorageFull
+        {
+            return Error::StorageFull {
+                action,
+                path: path.as_ref().to_path_buf(),
+            };
+        }
         Error::Io {
             action,
             path: path.as_ref().to_path_buf(),
@@ -107,6 +125,44 @@ impl Error {
             first_row: None,
             count: None,
             message: message.into(),
+        }
+    }
+
+    /// The same error again (for one kept and returned to many callers); an
+    /// I/O error keeps its kind and message, an Arrow error its message.
+    pub fn duplicate(&self) -> Self {
+        match self {
+            Error::CorruptCache { path, detail } => Error::corrupt(path, detail.clone()),
+            Error::Io {
+                action,
+                path,
+                source,
+            } => Error::io(
+                action,
+                path,
+                std::io::Error::new(source.kind(), source.to_string()),
+            ),
+            Error::StorageFull { action, path } => Error::StorageFull {
+                action,
+                path: path.clone(),
+            },
+            Error::Schema(m) => Error::Schema(m.clone()),
+            Error::InvalidPopulation {
+                column,
+                first_row,
+                count,
+                message,
+            } => Error::InvalidPopulation {
+                column: column.clone(),
+                first_row: *first_row,
+                count: *count,
+                message: message.clone(),
+            },
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::NotFound(m) => Error::NotFound(m.clone()),
+            Error::Source(m) => Error::Source(m.clone()),
+            Error::Internal(m) => Error::Internal(m.clone()),
+            Error::Arrow(e) => Error::Internal(format!("arrow: {e}")),
         }
     }
 

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
@@ -20,7 +20,7 @@ use crate::population::{
 use crate::request::StreamRequest;
 use crate::sampling::StreamOrder;
 use crate::storage::publish::validate_name;
-use crate::storage::CacheSet;
+use crate::storage::{CacheSet, LiveCaches};
 use crate::stream::{BatchContext, EpochStream, StreamCounters, StreamOptions, WorkerPool};
 
 /// Populations kept in memory (each also lives in the store).
@@ -31,11 +31,14 @@ type LoadedPopulations = (HashMap<String, Arc<Population>>, VecDeque<String>);
 
 pub struct DatasetService {
     name: String,
-    caches: Arc<CacheSet>,
+    /// The caches, checked against their files on every request.
+    caches: LiveCaches,
     store: PopulationStore,
     loaded: Mutex<LoadedPopulations>,
     counters: Arc<StreamCounters>,
     streams: AtomicU64,
+    /// Stored populations kept after each put (0: all), see `set_keep_populations`.
+    keep_populations: AtomicUsize,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -51,11 +54,12 @@ impl DatasetService {
     /// directory name (`validate_name`): it becomes `state_dir/name`.
     pub fn open(name: &str, paths: &[PathBuf], state_dir: &Path, verify: bool) -> Result<Self> {
         validate_name("dataset", name)?;
-        let caches = Arc::new(CacheSet::open(paths, verify)?);
+        let caches = LiveCaches::open(paths, verify)?;
         let service = Self::assemble(name, caches, state_dir, PopulationStore::open)?;
         if service.store.active()?.is_none() {
-            let full = Population::full(&service.caches)?;
-            let full = Population::from_table(&service.caches, canonical(full.table())?)?;
+            let caches = service.caches();
+            let full = Population::full(&caches)?;
+            let full = Population::from_table(&caches, canonical(full.table())?)?;
             let rows = full.num_rows() as u64;
             let lock = service.store.lock_activation()?;
             let id = service.store.put(full.table())?;
@@ -115,7 +119,7 @@ impl DatasetService {
                 state_dir.display()
             )));
         }
-        let caches = Arc::new(CacheSet::open(paths, verify)?);
+        let caches = LiveCaches::open(paths, verify)?;
         let service = Self::assemble(name, caches, state_dir, |dir| {
             PopulationStore::open_existing(dir).map_err(|e| match e {
                 Error::NotFound(_) => Error::NotFound(format!(
@@ -144,12 +148,12 @@ impl DatasetService {
     /// belongs to one set of caches (rebuilt caches get a fresh store).
     fn assemble(
         name: &str,
-        caches: Arc<CacheSet>,
+        caches: LiveCaches,
         state_dir: &Path,
         open_store: impl FnOnce(&Path) -> Result<PopulationStore>,
     ) -> Result<Self> {
         let mut key = crate::hash::Xxh3::new();
-        for cache in caches.caches() {
+        for cache in caches.opened().caches() {
             key.update(&cache.cache_id().to_le_bytes());
         }
         let store_dir = state_dir
@@ -162,6 +166,7 @@ impl DatasetService {
             loaded: Mutex::new((HashMap::new(), VecDeque::new())),
             counters: Arc::new(StreamCounters::default()),
             streams: AtomicU64::new(0),
+            keep_populations: AtomicUsize::new(0),
         })
     }
 
@@ -169,8 +174,16 @@ impl DatasetService {
         &self.name
     }
 
-    pub fn caches(&self) -> &Arc<CacheSet> {
-        &self.caches
+    /// The caches as opened (or last reopened): for identities and validation;
+    /// streams read from `LiveCaches::current`.
+    pub fn caches(&self) -> Arc<CacheSet> {
+        self.caches.opened()
+    }
+
+    /// Why this dataset cannot be served now (a cache file cut, replaced by a
+    /// damaged one or deleted under the server), or None: for readiness.
+    pub fn problem(&self) -> Option<String> {
+        self.caches.problem()
     }
 
     /// The active population and epoch length (read from the shared store, so
@@ -196,7 +209,7 @@ impl DatasetService {
             self.forget(id)?;
         }
         let table = self.store.load(id)?;
-        let population = Arc::new(Population::from_table(&self.caches, table)?);
+        let population = Arc::new(Population::from_table(&self.caches(), table)?);
         self.remember(id, population.clone())?;
         Ok(population)
     }
@@ -218,7 +231,7 @@ impl DatasetService {
         table: RecordBatch,
         activate: bool,
     ) -> Result<(String, u64, Option<ActivationLock>)> {
-        let population = Population::from_table(&self.caches, canonical(&table)?)?;
+        let population = Population::from_table(&self.caches(), canonical(&table)?)?;
         let rows = population.num_rows() as u64;
         // Stored under the lock when activating, so that a removal of the same
         // population cannot come between storing and activating it.
@@ -234,7 +247,38 @@ impl DatasetService {
                 },
             )?;
         }
+        self.retain(lock.as_ref())?;
         Ok((id, rows, lock))
+    }
+
+    /// Keep at most `keep` stored populations (the active one and the most
+    /// recently stored others), removing older ones after each put; 0 keeps
+    /// all (the default). Tickets that pin a removed population get
+    /// `NotFound`, as after `remove_population`; streams already open finish.
+    pub fn set_keep_populations(&self, keep: usize) {
+        self.keep_populations.store(keep, Ordering::Relaxed);
+    }
+
+    /// Apply `set_keep_populations` under the activation lock (`held`, or
+    /// taken here), so that no activation races with a removal.
+    fn retain(&self, held: Option<&ActivationLock>) -> Result<()> {
+        let keep = self.keep_populations.load(Ordering::Relaxed);
+        if keep == 0 {
+            return Ok(());
+        }
+        let taken;
+        let lock = match held {
+            Some(lock) => lock,
+            None => {
+                taken = self.store.lock_activation()?;
+                &taken
+            }
+        };
+        let active = self.active()?.population;
+        for id in self.store.retain(lock, keep, &active)? {
+            self.forget(&id)?;
+        }
+        Ok(())
     }
 
     pub fn set_epoch_len(&self, epoch_len: NonZeroU64) -> Result<ActivePopulation> {
@@ -288,7 +332,7 @@ impl DatasetService {
         let window = request.window()?;
         let population = self.population(population.as_str())?;
         BatchContext::new(
-            self.caches.clone(),
+            self.caches.current()?,
             population,
             StreamOrder::new(request.shuffle, request.seed),
             window,

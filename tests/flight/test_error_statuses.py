@@ -36,6 +36,7 @@ STATUSES: list[tuple[type[Exception], type[Exception]]] = [
     (drt.NotFoundError, pa.ArrowKeyError),
     (drt.CorruptCacheError, flight.FlightInternalError),
     (drt.CacheIOError, flight.FlightInternalError),
+    (drt.StorageFullError, flight.FlightUnavailableError),
     (drt.InternalError, flight.FlightInternalError),
     (drt.SourceError, flight.FlightServerError),
     (drt.DatasetRTError, flight.FlightServerError),
@@ -51,9 +52,13 @@ def test_every_error_class_is_covered() -> None:
 def test_each_error_class_maps_to_one_status(
     error: type[Exception], status: type[Exception]
 ) -> None:
-    mapped = to_flight_error(error("what went wrong"))
+    mapped = to_flight_error(error("what went wrong at /srv/state/x"))
     assert isinstance(mapped, status)
-    assert "what went wrong" in str(mapped)
+    if error is drt.StorageFullError:  # its own words: the error's name a server path
+        assert "state volume is full" in str(mapped)
+    else:
+        assert "what went wrong" in str(mapped)
+    assert "/srv/state" not in str(mapped), "no server path reaches a client"
 
 
 def test_internal_errors_are_retried_by_the_client_and_user_errors_are_not() -> None:
@@ -61,7 +66,12 @@ def test_internal_errors_are_retried_by_the_client_and_user_errors_are_not() -> 
 
     for error, status in STATUSES:
         retried = issubclass(status, RETRYABLE)
-        internal = error in (drt.CorruptCacheError, drt.CacheIOError, drt.InternalError)
+        internal = error in (
+            drt.CorruptCacheError,
+            drt.CacheIOError,
+            drt.StorageFullError,
+            drt.InternalError,
+        )
         assert retried == internal, error.__name__
 
 
@@ -135,7 +145,10 @@ def test_a_corrupt_record_met_mid_stream_is_internal_and_names_the_file(
             collect(reader, delivered)
         assert 0 < len(delivered) <= CORRUPT_SAMPLE, "the failure must come mid-stream"
         text = message(info.value)
-        assert str(shard) in text
+        # Named by dataset, cache and file: never by the server's path.
+        assert f"<cache {cache.name}>/{shard.name}" in text, text
+        assert "dataset 'toy'" in text, text
+        assert str(shard.parent) not in text, text
         assert "Traceback" not in str(info.value).split("Detail:")[0]
         # The server keeps serving what is intact.
         head = {**ORDERED, "epoch_len": CORRUPT_SAMPLE}

@@ -171,8 +171,42 @@ impl PopulationStore {
         let path = self.path_of(&id);
         if !path.exists() {
             self.write_atomically(&path, &bytes)?;
+        } else {
+            // Stored again: as recent as a new one for `retain` (best effort).
+            let _ = File::options()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
         }
         Ok(id)
+    }
+
+    /// Remove stored populations beyond the `keep` most recently stored (a
+    /// population stored again counts from then), never `active`. Returns the
+    /// ids removed, oldest first. The caller holds the activation lock, so no
+    /// activation of a population being removed is under way.
+    pub fn retain(&self, lock: &ActivationLock, keep: usize, active: &str) -> Result<Vec<String>> {
+        let mut stored: Vec<(std::time::SystemTime, String)> = self
+            .list()?
+            .into_iter()
+            .filter(|id| id != active)
+            .filter_map(|id| {
+                let modified = fs::metadata(self.path_of(&id)).and_then(|m| m.modified());
+                modified.ok().map(|time| (time, id))
+            })
+            .collect();
+        // Newest first; the active one is kept on top of `keep` - 1 others.
+        stored.sort_by(|a, b| b.cmp(a));
+        let others = keep.saturating_sub(1);
+        let mut removed: Vec<String> = stored.into_iter().skip(others).map(|(_, id)| id).collect();
+        removed.reverse();
+        for id in &removed {
+            match self.remove(lock, id) {
+                Ok(()) | Err(Error::NotFound(_)) => {} // another replica removed it first
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(removed)
     }
 
     pub fn contains(&self, id: &str) -> bool {
@@ -266,9 +300,17 @@ impl PopulationStore {
         let parent = path.parent().unwrap_or(&self.dir);
         let temp = LockedTemp::create_file(parent, TEMP_PREFIX)?;
         let mut file = temp.file();
-        file.write_all(bytes).at("cannot write", temp.path())?;
-        file.sync_all().at("cannot fsync", temp.path())?;
-        fs::rename(temp.path(), path).at("cannot rename into place", path)?;
+        let written = file
+            .write_all(bytes)
+            .at("cannot write", temp.path())
+            .and_then(|()| file.sync_all().at("cannot fsync", temp.path()))
+            .and_then(|()| fs::rename(temp.path(), path).at("cannot rename into place", path));
+        if written.is_err() {
+            // At once, while it is still locked: a full volume must get back
+            // the space a failed write took, not wait for the next start.
+            let _ = fs::remove_file(temp.path());
+        }
+        written?;
         fsync_dir(parent)
     }
 }
@@ -406,6 +448,44 @@ mod tests {
         ));
         assert!(PopulationStore::open_existing(&file).is_err());
         assert!(!dir.path().join("plain").join(POPULATIONS).exists());
+    }
+
+    #[test]
+    fn retain_keeps_the_newest_and_never_the_active_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PopulationStore::open(dir.path()).unwrap();
+        let ids: Vec<String> = (1..=5)
+            .map(|w| {
+                let id = store.put(&table(w as f64)).unwrap();
+                // Distinct times even on a file system with coarse ones.
+                let when = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(w);
+                File::options()
+                    .write(true)
+                    .open(store.path_of(&id))
+                    .unwrap()
+                    .set_modified(when)
+                    .unwrap();
+                id
+            })
+            .collect();
+        let lock = store.lock_activation().unwrap();
+        // The oldest is active: kept, with the newest other one (keep = 2).
+        let removed = store.retain(&lock, 2, &ids[0]).unwrap();
+        assert_eq!(removed, ids[1..4].to_vec());
+        let mut left = vec![ids[0].clone(), ids[4].clone()];
+        left.sort();
+        assert_eq!(store.list().unwrap(), left);
+        // keep = 1: only the active one.
+        assert_eq!(
+            store.retain(&lock, 1, &ids[0]).unwrap(),
+            vec![ids[4].clone()]
+        );
+        assert_eq!(store.list().unwrap(), vec![ids[0].clone()]);
+        // Storing a table again makes it recent.
+        assert_eq!(
+            store.retain(&lock, 5, &ids[0]).unwrap(),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::dataset::Dataset as EngineDataset;
 use crate::error::Error;
 use crate::population::Population;
 use crate::sampling::{Partition, StreamOrder, StreamWindow};
-use crate::storage::CacheSet;
+use crate::storage::{mapped, CacheSet};
 use crate::stream::{
     draw_rows, BaseColumn, BatchContext, EpochStream, StreamOptions, WorkerPool, BASE_COLUMNS,
 };
@@ -561,7 +561,16 @@ impl SampleIterator {
                     } else {
                         payloads.value(row)
                     };
+                    // A large record is copied from its mapped shard here, after
+                    // it was verified: a shard cut short in between reads as
+                    // zeros, which only this thread's fault count tells.
+                    let faults = mapped::thread_faults();
                     let data = PyBytes::new(py, payload).into_any();
+                    if mapped::thread_faults() != faults {
+                        if let Some(error) = self.caches.truncation() {
+                            return Err(to_pyerr(error));
+                        }
+                    }
                     return make_sample(py, data, dict, cache_id, sample_id).map(Some);
                 }
             }

@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 use crate::error::Error;
 
 /// (name, builtin base, docstring) of every subclass of `DatasetRTError`.
-const CLASSES: [(&str, Builtin, &str); 8] = [
+const CLASSES: [(&str, Builtin, &str); 9] = [
     (
         "CorruptCacheError",
         Builtin::OSError,
@@ -60,11 +60,20 @@ const CLASSES: [(&str, Builtin, &str); 8] = [
          Not caused by the caller's input; over Flight it is INTERNAL, which clients \
          retry on another replica.",
     ),
+    (
+        "StorageFullError",
+        Builtin::CacheIOError,
+        "The volume a write needed is full (no space left on the device, or a quota). \
+         Nothing was written; free space and retry. Over Flight it is UNAVAILABLE (the \
+         server's state volume is full), which clients retry on another replica.",
+    ),
 ];
 
 #[derive(Clone, Copy)]
 enum Builtin {
     None,
+    /// `CacheIOError` (defined before it in `CLASSES`).
+    CacheIOError,
     ValueError,
     OSError,
     LookupError,
@@ -91,6 +100,7 @@ fn types(py: Python<'_>) -> PyResult<&Vec<Py<PyType>>> {
                 Builtin::OSError => bases.push(py.get_type::<PyOSError>()),
                 Builtin::LookupError => bases.push(py.get_type::<PyLookupError>()),
                 Builtin::RuntimeError => bases.push(py.get_type::<PyRuntimeError>()),
+                Builtin::CacheIOError => bases = vec![all[2].bind(py).clone()],
             }
             let class = new_class(py, name, doc, &bases)?;
             if name == "InvalidPopulationError" {
@@ -139,6 +149,7 @@ fn class_of(error: &Error) -> usize {
         Error::NotFound(_) => 6,
         Error::Source(_) => 7,
         Error::Internal(_) => 8,
+        Error::StorageFull { .. } => 9,
     }
 }
 

@@ -87,6 +87,18 @@ impl DatasetService {
         self.inner.caches().cache_ids()
     }
 
+    /// Why the dataset cannot be served now (a cache file cut, deleted or
+    /// replaced by a damaged one under the server), or None.
+    fn problem(&self, py: Python<'_>) -> Option<String> {
+        py.detach(|| self.inner.problem())
+    }
+
+    /// Keep at most `keep` stored populations after each put (the active one
+    /// and the newest others); 0 keeps all.
+    fn set_keep_populations(&self, keep: usize) {
+        self.inner.set_keep_populations(keep);
+    }
+
     /// The active population, its epoch length and row count.
     fn active(&self, py: Python<'_>) -> PyResult<ActivePopulation> {
         let (active, rows) = py

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use crate::hash::xxh3_64;
 use arrow_array::{Array, RecordBatch};
 use arrow_ipc::reader::FileReader;
-use memmap2::Mmap;
 
 use super::codec::decode_into;
 use super::index::{IndexEntry, INDEX_ENTRY_BYTES};
 use super::manifest::{FileEntry, Manifest};
+use super::mapped::{self, MappedFile};
 use super::pread::append_exact_at;
 use super::schema::ColumnSpec;
 use super::LARGE_RECORD;
@@ -28,10 +28,12 @@ pub struct Cache {
     index: Vec<IndexEntry>,
     /// `sample_id` plus the stored metadata columns, one row per record.
     metadata: RecordBatch,
-    shards: Vec<Option<Mmap>>,
+    shards: Vec<Option<MappedFile>>,
     /// The same shards as files, for positioned reads of large records.
     files: Vec<File>,
     shard_paths: Vec<PathBuf>,
+    /// Each shard file's (device, inode) when it was opened.
+    identities: Vec<(u64, u64)>,
 }
 
 const CACHE_LINE: usize = 64;
@@ -90,6 +92,7 @@ impl Cache {
         let mut shards = Vec::with_capacity(manifest.shards.len());
         let mut shard_paths = Vec::with_capacity(manifest.shards.len());
         let mut files = Vec::with_capacity(manifest.shards.len());
+        let mut identities = Vec::with_capacity(manifest.shards.len());
         for entry in &manifest.shards {
             let path = dir.join(&entry.file);
             let file = File::open(&path).map_err(|e| {
@@ -98,19 +101,20 @@ impl Cache {
                     format!("cannot open shard listed in the manifest: {e}"),
                 )
             })?;
-            let len = file.metadata().at("cannot stat", &path)?.len();
+            let stat = file.metadata().at("cannot stat", &path)?;
+            let len = stat.len();
             if len != entry.bytes {
                 return Err(Error::corrupt(
                     &path,
                     format!("{len} bytes, the manifest says {}", entry.bytes),
                 ));
             }
-            // SAFETY: cache files are immutable once published; nothing in this
-            // crate writes to a published file.
+            // Cache files are immutable once published; one cut short under
+            // the mapping anyway is survived (`mapped`) and reported.
             let map = if len == 0 {
                 None
             } else {
-                let map = unsafe { Mmap::map(&file) }.at("cannot memory-map", &path)?;
+                let map = MappedFile::map(&file).at("cannot memory-map", &path)?;
                 // Records are read at random: 2 MiB pages where the page cache
                 // has them (see `crate::prefetch::huge_pages`); only a hint.
                 #[cfg(target_os = "linux")]
@@ -124,6 +128,7 @@ impl Cache {
             shards.push(map);
             files.push(file);
             shard_paths.push(path);
+            identities.push(identity(&stat));
         }
         check_index_bounds(&index_path, &index, &manifest.shards)?;
         Ok(Cache {
@@ -134,6 +139,7 @@ impl Cache {
             shards,
             files,
             shard_paths,
+            identities,
         })
     }
 
@@ -315,8 +321,65 @@ impl Cache {
         }
     }
 
+    /// The first shard that a read found cut short under its mapping (see
+    /// `mapped`): its pages past the cut read as zeros, so its records cannot
+    /// be served from this `Cache` again; the cache must be reopened.
+    pub fn truncated_shard(&self) -> Option<usize> {
+        self.shards
+            .iter()
+            .position(|map| map.as_ref().is_some_and(MappedFile::truncated))
+    }
+
+    /// Whether a shard on disk is no longer the file that was opened: deleted,
+    /// replaced (another inode), or of another length than the manifest's.
+    /// One `stat` per shard.
+    pub fn files_changed(&self) -> bool {
+        let entries = &self.manifest.shards;
+        self.shard_paths
+            .iter()
+            .zip(&self.identities)
+            .zip(entries)
+            .any(|((path, opened), entry)| {
+                std::fs::metadata(path)
+                    .map_or(true, |m| identity(&m) != *opened || m.len() != entry.bytes)
+            })
+    }
+
+    /// The error of a read that met a cut shard: it names the cache and the
+    /// shard by name (no server path) and what to do.
+    pub fn truncation_error(&self, shard: usize) -> Error {
+        let name = self.dir.file_name().unwrap_or_default().to_string_lossy();
+        let file = self
+            .manifest
+            .shards
+            .get(shard)
+            .map_or("?", |e| e.file.as_str());
+        let now = std::fs::metadata(&self.shard_paths[shard])
+            .map_or_else(|_| "missing".to_string(), |m| format!("{} bytes", m.len()));
+        Error::corrupt(
+            Path::new(name.as_ref()).join(file),
+            format!(
+                "the shard was cut short while it was being read (now {now}, the manifest \
+                 says {}); restore the cache's files (the next request reopens it) or write \
+                 the cache again",
+                self.manifest.shards.get(shard).map_or(0, |e| e.bytes)
+            ),
+        )
+    }
+
     /// Verify every file's full checksum and every record's checksum.
     pub fn verify(&self) -> Result<VerifyReport> {
+        let faults = mapped::thread_faults();
+        let report = self.verify_records();
+        if mapped::thread_faults() != faults {
+            if let Some(shard) = self.truncated_shard() {
+                return Err(self.truncation_error(shard));
+            }
+        }
+        report
+    }
+
+    fn verify_records(&self) -> Result<VerifyReport> {
         let mut bytes = self.manifest.index.bytes + self.manifest.metadata.bytes;
         for (i, entry) in self.manifest.shards.iter().enumerate() {
             let data = self.shards[i].as_deref().unwrap_or(&[]);
@@ -334,6 +397,17 @@ impl Cache {
             records: self.len(),
         })
     }
+}
+
+#[cfg(unix)]
+fn identity(stat: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (stat.dev(), stat.ino())
+}
+
+#[cfg(not(unix))]
+fn identity(_stat: &std::fs::Metadata) -> (u64, u64) {
+    (0, 0)
 }
 
 fn read_checked(dir: &Path, entry: &FileEntry, expected_name: &str) -> Result<Vec<u8>> {
@@ -513,6 +587,13 @@ impl CacheSet {
 
     pub fn total_records(&self) -> u64 {
         self.caches.iter().map(|c| c.len()).sum()
+    }
+
+    /// The error for a shard of this set that a read found cut short, if any.
+    pub fn truncation(&self) -> Option<Error> {
+        self.caches
+            .iter()
+            .find_map(|c| c.truncated_shard().map(|shard| c.truncation_error(shard)))
     }
 }
 

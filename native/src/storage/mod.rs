@@ -13,7 +13,9 @@
 mod cache;
 mod codec;
 mod index;
+mod live;
 mod manifest;
+pub mod mapped;
 mod pipeline;
 mod pread;
 mod profile;
@@ -25,6 +27,7 @@ mod writer;
 pub use cache::{Cache, CacheSet, VerifyReport};
 pub use codec::{check_ratio, Codec, Compression, EncodedRecord};
 pub use index::{IndexEntry, INDEX_ENTRY_BYTES};
+pub use live::LiveCaches;
 pub use manifest::{FileEntry, Manifest, FORMAT_VERSION};
 pub use pipeline::WritePipeline;
 pub use profile::{timed, Stage, StageTotals, WriteProfile};

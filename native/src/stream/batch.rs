@@ -11,7 +11,7 @@ use super::buffers::BufferPool;
 use crate::error::{Error, Result};
 use crate::population::Population;
 use crate::sampling::{StreamOrder, StreamWindow};
-use crate::storage::CacheSet;
+use crate::storage::{mapped, CacheSet};
 
 /// Columns every stream batch starts with, in this order (the population's
 /// requested columns follow). `BASE_COLUMNS[c as usize]` names column `c`.
@@ -223,6 +223,20 @@ impl BatchContext {
     /// `payload_bytes` is the sum of the rows' `payload_len` (the planner has
     /// it already).
     pub fn build(&self, first: u64, rows: &[u32], payload_bytes: u64) -> Result<RecordBatch> {
+        // A shard cut short under its mapping reads as zeros (`storage::mapped`):
+        // a batch during which this thread met one is refused whole, with the
+        // error that names the shard (not the checksum failure it caused).
+        let faults = mapped::thread_faults();
+        let built = self.build_rows(first, rows, payload_bytes);
+        if mapped::thread_faults() != faults {
+            if let Some(error) = self.caches.truncation() {
+                return Err(error);
+            }
+        }
+        built
+    }
+
+    fn build_rows(&self, first: u64, rows: &[u32], payload_bytes: u64) -> Result<RecordBatch> {
         let n = rows.len();
         let positions = UInt64Array::from_iter_values(self.window.positions(first, n as u64));
         let mut cache_ids = Vec::with_capacity(n);

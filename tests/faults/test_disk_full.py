@@ -1,0 +1,160 @@
+"""Issue 22, findings 4 and 8 (retention): a full state volume, and keeping it small.
+
+Before: a put on a full volume was INTERNAL "the server's data is damaged:
+cannot write <server path>: No space left on device", its temporary file
+stayed until a restart (so after space came back fewer puts fitted), and
+stored populations were never removed. Now a full volume is its own error
+(`StorageFullError`, over Flight UNAVAILABLE "the server's state volume is
+full", no path; clients retry another replica), a failed put removes its
+temporary file at once, and ``--keep-populations N`` bounds the store.
+
+The full volume is a small tmpfs mounted for the test (it needs the right to
+mount: root, as in CI; the test is skipped, saying why, elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from flight.conftest import (
+    active,
+    make_catalog,
+    message,
+    metadata,
+    populations,
+    put,
+    reweighted,
+    serve,
+)
+
+import dataset_rt as drt
+from flight_server import cli
+
+VOLUME = "2m"
+
+
+@contextlib.contextmanager
+def small_volume(path: Path) -> Iterator[Path]:
+    """A tmpfs of `VOLUME` mounted at ``path`` (unmounted on exit)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={VOLUME}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
+
+
+def fill(volume: Path) -> Path:
+    """Fill ``volume`` to its last page with one file; returns it."""
+    filler = volume / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (1 << 16, 1 << 12):  # tmpfs allocates whole pages
+            chunk = b"\0" * size
+            for _ in range(100_000):  # bounded: far more than the volume holds
+                try:
+                    os.write(fd, chunk)
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+    return filler
+
+
+def temp_files(state: Path) -> list[str]:
+    return sorted(str(p.relative_to(state)) for p in state.rglob(".tmp-*"))
+
+
+def test_a_put_on_a_full_volume_is_unavailable_and_leaves_nothing(
+    tmp_path: Path, runtime: drt.DatasetRuntime
+) -> None:
+    with small_volume(tmp_path / "state") as state:
+        catalog = make_catalog(tmp_path, runtime)  # stores the first population
+        with serve(catalog) as server:
+            raw = flight.connect(server.location)
+            before = active(raw)
+            edited = reweighted(metadata(raw))
+            filler = fill(state)
+            for _ in range(3):  # each attempt fails alike and leaves nothing behind
+                with pytest.raises(flight.FlightUnavailableError) as failed:
+                    put(raw, edited)
+                text = message(failed.value)
+                assert "state volume is full" in text, text
+                assert str(tmp_path) not in text, text
+                assert temp_files(state) == [], "a failed put removes its temporary file"
+            assert active(raw) == before, "the active population is as it was"
+            filler.unlink()
+            answer = put(raw, edited)  # space is back: the put fits at once
+            assert active(raw)["population"] == answer["population"]
+            raw.close()
+
+
+def test_the_library_raises_storage_full(tmp_path: Path, runtime: drt.DatasetRuntime) -> None:
+    with small_volume(tmp_path / "state") as state:
+        catalog = make_catalog(tmp_path, runtime)
+        service = catalog.get(catalog.names()[0])
+        table = reweighted(pl.DataFrame(service.metadata()))
+        fill(state)
+        with pytest.raises(drt.StorageFullError) as failed:
+            service.put(table, True)
+        assert isinstance(failed.value, drt.CacheIOError)  # what 0.4.8 code catches
+        assert isinstance(failed.value, OSError)
+        assert "volume is full" in str(failed.value)
+        assert temp_files(state) == []
+
+
+# -- retention (--keep-populations) --------------------------------------------------
+
+
+def test_keep_populations_bounds_the_store_and_never_removes_the_active_one(
+    tmp_path: Path, runtime: drt.DatasetRuntime
+) -> None:
+    catalog = make_catalog(tmp_path, runtime)
+    service = catalog.get(catalog.names()[0])
+    service.set_keep_populations(2)
+    with serve(catalog) as server:
+        raw = flight.connect(server.location)
+        base = metadata(raw)
+        ids = []
+        for factor in (2.0, 3.0, 4.0):
+            table = base.with_columns(pl.col("weight") * factor)
+            ids.append(put(raw, table)["population"])
+        assert sorted(populations(raw)) == sorted(ids[-2:]), "the active one and the newest other"
+        assert active(raw)["population"] == ids[-1]
+        # Stored without activating: the active one stays, whatever its age.
+        extra = put(raw, base.with_columns(pl.col("weight") * 5.0), activate=False)["population"]
+        assert set(populations(raw)) == {ids[-1], extra}
+        # A ticket pinning a removed population: NOT_FOUND, as after remove_population.
+        ticket = flight.Ticket(
+            f'{{"dataset": "toy", "seed": 0, "epoch": 0, "population": "{ids[0]}", '
+            '"epoch_len": 10}'.encode()
+        )
+        with pytest.raises(pa.ArrowKeyError, match="not in the store"):
+            raw.do_get(ticket).read_all()
+        raw.close()
+
+
+def test_keep_populations_must_not_be_negative(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["--data-dir", str(tmp_path / "data"), "--keep-populations", "-1"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "--keep-populations must be >= 0" in err, err
+    assert not (tmp_path / "data").exists(), "refused before anything is written"

@@ -1,0 +1,225 @@
+"""Issue 22, finding 1: a file cut short under its mapping never kills the process.
+
+Before: reading a mapped shard past a cut raised SIGBUS, and the server died
+with exit -7 and no log line, ending every stream of every dataset. Now the
+reads that meet the cut fail with a corrupt-cache error naming the cache and
+the shard (INTERNAL over Flight, naming the dataset, no path), other datasets
+go on, ``/readyz`` says what is wrong, and the next request reopens the cache
+(restored) or refuses it (still damaged). `native/src/storage/mapped.rs` has
+the mechanism, docs/architecture.md the choice.
+
+The library cases run in this process (a regression kills the test run, which
+is loud); the server cases run ``python -m flight_server`` as a subprocess, so
+that a crash is seen as its exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pyarrow.flight as flight
+import pytest
+from conftest import ListSource, payload, write
+from flight.test_server_cli import ServerProcess
+
+import dataset_rt as drt
+
+RECORDS = 2000
+SMALL = 1024  # read through the mapping
+LARGE = 300 * 1024  # verified in place, copied from the mapping (per-sample iterator)
+CUT_TO = 4096
+WAIT = 20.0  # the most any bounded wait below takes
+
+
+def small_cache(root: Path, name: str = "cut", records: int = RECORDS) -> Path:
+    source = ListSource(
+        name, [drt.CacheInput(payload(i, SMALL), {"label": i % 3}) for i in range(records)]
+    )
+    return write(root, source)
+
+
+def cut(shard: Path, size: int = CUT_TO) -> bytes:
+    """Truncate ``shard`` in place (the mapping sees it) and return what it held."""
+    original = shard.read_bytes()
+    with shard.open("r+b") as file:
+        file.truncate(size)
+    return original
+
+
+def restore(shard: Path, original: bytes) -> None:
+    """Put the shard back as a new file (a restore from a backup)."""
+    fresh = shard.with_name(shard.name + ".restored")
+    fresh.write_bytes(original)
+    fresh.replace(shard)
+
+
+def open_dataset(runtime: drt.DatasetRuntime, base: Path, source: ListSource) -> drt.CachedDataset:
+    result = runtime.from_cache_sources(
+        source, base, reader_config=drt.ReaderConfig(seed=0, shuffle=False)
+    )
+    assert isinstance(result, drt.CacheSourcesDatasetSuccess), result
+    return result.dataset
+
+
+# -- in-process ---------------------------------------------------------------------
+
+
+def test_a_stream_over_a_cut_shard_fails_naming_it(
+    runtime: drt.DatasetRuntime, tmp_path: Path
+) -> None:
+    records = [drt.CacheInput(payload(i, SMALL), {"label": i % 3}) for i in range(RECORDS)]
+    source = ListSource("cut", records)
+    dataset = open_dataset(runtime, tmp_path, source)
+    assert sum(1 for _ in dataset) == RECORDS  # every shard page mapped and read once
+    original = cut(tmp_path / "cut" / "shard-00000.bin")
+    with pytest.raises(drt.CorruptCacheError) as failed:
+        for _ in dataset.iter_batches():
+            pass
+    message = str(failed.value)
+    assert "cut/shard-00000.bin" in message, message
+    assert "cut short" in message, message
+    assert str(tmp_path) not in message, "named by cache and file, not by path"
+    with pytest.raises(drt.CorruptCacheError):
+        for _ in dataset:
+            pass
+    del original
+
+
+def test_a_large_record_verified_in_place_then_cut_is_refused(
+    runtime: drt.DatasetRuntime, tmp_path: Path
+) -> None:
+    records = [drt.CacheInput(payload(i, LARGE), {"label": i}) for i in range(24)]
+    dataset = open_dataset(runtime, tmp_path, ListSource("large", records))
+    assert [s.data for s in dataset][:2] == [r.data for r in records[:2]]
+    cut(tmp_path / "large" / "shard-00000.bin", LARGE)
+    with pytest.raises(drt.CorruptCacheError, match="cut short"):
+        for _ in dataset:
+            pass
+
+
+# -- the server ------------------------------------------------------------------
+
+
+def options() -> flight.FlightCallOptions:
+    return flight.FlightCallOptions(timeout=WAIT)
+
+
+def read_epoch(client: flight.FlightClient, dataset: str) -> int:
+    command = {"dataset": dataset, "seed": 1, "epoch": 0, "shuffle": False}
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(json.dumps(command)))
+    rows = 0
+    for endpoint in info.endpoints:
+        for chunk in client.do_get(endpoint.ticket, options()):
+            rows += chunk.data.num_rows
+    return rows
+
+
+def readyz(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=WAIT) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def until(predicate: object, what: str) -> None:
+    """Poll ``predicate`` (a callable) for up to ``WAIT`` s."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not within {WAIT} s: {what}")
+
+
+@pytest.fixture
+def two_datasets(tmp_path: Path) -> tuple[Path, list[str]]:
+    caches = tmp_path / "caches"
+    cut_cache = small_cache(caches, "cut")
+    intact = small_cache(caches, "intact", records=500)
+    args = [
+        "--port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--metrics-port",
+        "0",
+        "--dataset",
+        f"damaged={cut_cache}",
+        "--dataset",
+        f"healthy={intact}",
+    ]
+    return cut_cache, args
+
+
+def probes_url(server: ServerProcess) -> str:
+    return server.wait_for_line(r"metrics and probes at (?P<url>http://\S+)")["url"]
+
+
+def test_a_shard_cut_under_the_server_fails_its_readers_only(
+    two_datasets: tuple[Path, list[str]],
+) -> None:
+    cache, args = two_datasets
+    shard = cache / "shard-00000.bin"
+    with ServerProcess(args) as server:
+        client = flight.connect(server.location())
+        url = probes_url(server)
+        assert read_epoch(client, "damaged") == RECORDS  # mapped and read
+        original = cut(shard)
+        with pytest.raises(flight.FlightInternalError) as failed:
+            read_epoch(client, "damaged")
+        message = str(failed.value)
+        assert "'damaged'" in message, message
+        assert "shard-00000.bin" in message, message
+        assert str(cache.parent) not in message, message
+        assert server.process.poll() is None, f"the server died; {server.output()}"
+        assert read_epoch(client, "healthy") == 500, "other datasets go on"
+        status, body = readyz(url)
+        assert status == 503, body
+        assert "shard-00000.bin" in body, body
+        # Still damaged: refused on the next request, without reading it.
+        with pytest.raises(flight.FlightInternalError, match=r"shard-00000\.bin"):
+            read_epoch(client, "damaged")
+        restore(shard, original)
+        until(lambda: readyz(url)[0] == 200, "ready again once the shard is restored")
+        assert read_epoch(client, "damaged") == RECORDS, "reopened on the next request"
+        assert server.process.poll() is None
+        client.close()
+
+
+@pytest.mark.parametrize("change", ["deleted", "replaced by garbage"])
+def test_a_shard_deleted_or_replaced_is_refused_on_the_next_request(
+    two_datasets: tuple[Path, list[str]], change: str
+) -> None:
+    cache, args = two_datasets
+    shard = cache / "shard-00000.bin"
+    with ServerProcess(args) as server:
+        client = flight.connect(server.location())
+        assert read_epoch(client, "damaged") == RECORDS
+        size = shard.stat().st_size
+        if change == "deleted":
+            shard.unlink()
+        else:
+            garbage = shard.with_name("garbage")
+            garbage.write_bytes(os.urandom(size))
+            garbage.replace(shard)
+
+        def refused() -> bool:
+            try:
+                read_epoch(client, "damaged")
+            except flight.FlightInternalError as error:
+                message = str(error)
+                return str(cache) not in message and "shard-00000.bin" in message
+            return False
+
+        until(refused, f"a {change} shard is refused")
+        assert server.process.poll() is None
+        assert read_epoch(client, "healthy") == 500
+        client.close()
+    shutil.rmtree(cache)
