@@ -4,6 +4,7 @@
 //! against the caches (see `validate.rs`); a rejected table changes nothing
 //! because the caller only swaps in a population that was built successfully.
 
+mod column_types;
 mod store;
 mod validate;
 
