@@ -18,6 +18,7 @@ from dataset_rt import _native
 from dataset_rt.config import ReaderConfig
 from dataset_rt.facade import facade_module
 from dataset_rt.integrations.torch import to_torch_iterable_dataset
+from dataset_rt.lazy import scan_batches, streamed
 from dataset_rt.records import (
     AbsentManifestTarget,
     CachedSample,
@@ -106,16 +107,46 @@ class CachedDataset:
         """
         return pl.DataFrame(self._engine.metadata())
 
+    def scan_metadata(self) -> pl.LazyFrame:
+        """The active population as a Polars LazyFrame, read batch by batch.
+
+        The frame is the population active now (a later update does not change
+        it) with `get_metadata`'s columns and types: ``scan_metadata().collect()``
+        equals ``get_metadata()``. A query reads the engine's table in batches and
+        applies its projection, filter and row limit to each one, so that
+        ``dataset.scan_metadata().filter(...).select(...)`` never copies the rows
+        it drops (docs/large-datasets.md).
+        """
+        table = self._engine.metadata()
+        schema = pa.RecordBatchReader.from_stream(table).schema
+
+        def open_batches() -> Iterator[pa.RecordBatch]:
+            return iter(pa.RecordBatchReader.from_stream(table))
+
+        return scan_batches(schema, open_batches, name="dataset_rt population")
+
     def update_metadata(self, table: Any) -> None:
         """Validate ``table`` in Rust and make it the active population.
 
         ``table`` is any object that exports the Arrow C stream interface (a Polars
-        DataFrame, a pyarrow Table or RecordBatchReader). On success the stream
-        position resets to 0 and the epoch length to the new row count. On failure
-        an `InvalidPopulationError` names the column, the first offending row and
-        how many rows fail, and nothing changes.
+        DataFrame, a pyarrow Table or RecordBatchReader), a Polars LazyFrame (run
+        by Polars' streaming engine and handed over batch by batch, never
+        collected in Python), or the path of a Parquet file or of a directory of
+        Parquet files (read batch by batch). On success the stream position
+        resets to 0 and the epoch length to the new row count. On failure an
+        `InvalidPopulationError` names the column, the first offending row and
+        how many rows fail, and nothing changes; a LazyFrame or file that fails
+        while it is read raises its own error, and nothing changes either.
         """
-        self._engine.update_metadata(table)
+        source = streamed(table)
+        if source is None:
+            self._engine.update_metadata(table)
+            return
+        try:
+            self._engine.update_metadata(source.reader())
+        except Exception:
+            source.raise_source_error()
+            raise
 
     def samples_metadata(self) -> pl.DataFrame:
         """Alias of `get_metadata`."""

@@ -1,0 +1,166 @@
+"""Populations as Polars `LazyFrame`s, in and out, batch by batch (both faces).
+
+Two conversions, shared by `CachedDataset` and `flight_client.DatasetClient`:
+
+- `scan_batches`: an Arrow stream (opened afresh for every query) as a
+  `LazyFrame`, through a Polars IO source that yields it batch by batch and
+  applies the query's projection, predicate and row limit to each batch, so a
+  scan holds one batch at a time.
+- `streamed`: a `LazyFrame` (run by Polars' streaming engine) or a Parquet path
+  (a file or a directory, read by ``pyarrow.dataset``) as a `StreamedTable`: an
+  Arrow schema known before the first batch and the batches, each cast to it.
+  Eager tables (a Polars DataFrame, a pyarrow Table) are not converted: they keep
+  the path they always had.
+
+Nothing here validates a population: the engine does, on the stream it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+#: Rows per batch when neither Polars nor the caller asks for a size: a population
+#: row is tens of bytes, so a batch stays within a few MiB.
+BATCH_ROWS = 65_536
+
+BatchOpener = Callable[[], Iterator[pa.RecordBatch]]
+
+
+# -- out: an Arrow stream as a LazyFrame --------------------------------------------
+
+
+def polars_schema(schema: pa.Schema) -> pl.Schema:
+    """The Polars schema of a frame read from an Arrow stream of ``schema``."""
+    return pl.DataFrame(schema.empty_table()).schema
+
+
+def scan_batches(schema: pa.Schema, open_batches: BatchOpener, *, name: str) -> pl.LazyFrame:
+    """A `LazyFrame` over the Arrow batches ``open_batches()`` yields (of ``schema``).
+
+    Every query opens the stream again and reads it batch by batch: the
+    predicate is applied to each batch, then the projection, and the stream is
+    closed as soon as ``n_rows`` rows were produced. ``name`` labels the scan in
+    ``LazyFrame.explain()``.
+    """
+    from polars.io.plugins import register_io_source
+
+    def source(
+        with_columns: list[str] | None,
+        predicate: pl.Expr | None,
+        n_rows: int | None,
+        batch_size: int | None,
+    ) -> Iterator[pl.DataFrame]:
+        rows = batch_size or BATCH_ROWS
+        left = n_rows
+        batches = open_batches()
+        try:
+            for batch in batches:
+                for start in range(0, batch.num_rows, rows):
+                    if left is not None and left <= 0:
+                        return
+                    frame = pl.DataFrame(batch.slice(start, rows))
+                    if predicate is not None:
+                        frame = frame.filter(predicate)
+                    if with_columns is not None:
+                        frame = frame.select(with_columns)
+                    if left is not None:
+                        frame = frame.head(left)
+                        left -= frame.height
+                    yield frame
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    return register_io_source(
+        source, schema=polars_schema(schema), validate_schema=True, explain_name=name
+    )
+
+
+# -- in: a LazyFrame or a Parquet path as an Arrow stream ---------------------------
+
+
+class StreamedTable:
+    """A population produced batch by batch, as an Arrow C stream.
+
+    ``schema`` is known before any batch is produced; every batch is cast to it.
+    Iterating `batches` runs the source (once); when the source fails, the
+    failure is re-raised as it was and kept in ``error``, so that a consumer that
+    met it inside a C stream (where it became an Arrow error) can raise the
+    original instead.
+    """
+
+    def __init__(self, schema: pa.Schema, produce: BatchOpener, *, nullable: bool = False) -> None:
+        if nullable:
+            schema = pa.schema(
+                [field.with_nullable(True) for field in schema], metadata=schema.metadata
+            )
+        self.schema = schema
+        self.error: BaseException | None = None
+        self._produce = produce
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        try:
+            for batch in self._produce():
+                if batch.num_rows:
+                    yield batch if batch.schema == self.schema else batch.cast(self.schema)
+        except BaseException as error:
+            if not isinstance(error, GeneratorExit):
+                self.error = error
+            raise
+
+    def reader(self) -> pa.RecordBatchReader:
+        """The batches as a `pyarrow.RecordBatchReader` (an ``__arrow_c_stream__``)."""
+        return pa.RecordBatchReader.from_batches(self.schema, self.batches())
+
+    def raise_source_error(self) -> None:
+        """Raise the source's own failure if the stream ended with one."""
+        if self.error is not None:
+            raise self.error
+
+
+def streamed(
+    table: Any, *, batch_rows: int = BATCH_ROWS, nullable: bool = False
+) -> StreamedTable | None:
+    """``table`` as a `StreamedTable` when it is a LazyFrame or a Parquet path.
+
+    A ``str`` or `pathlib.Path` names a Parquet file or a directory of Parquet
+    files. Anything else (an eager table, any ``__arrow_c_stream__`` object) gives
+    None: the caller passes it on as it is. ``nullable`` declares every field of
+    the stream nullable (the engine stores populations so anyway).
+    """
+    if isinstance(table, pl.LazyFrame):
+        return _lazy_frame(table, batch_rows, nullable)
+    if isinstance(table, (str, Path)):
+        return _parquet(Path(table), batch_rows, nullable)
+    return None
+
+
+def _lazy_frame(frame: pl.LazyFrame, batch_rows: int, nullable: bool) -> StreamedTable:
+    # The Arrow types of a frame's C stream export, as an eager DataFrame gives them
+    # (string_view, dictionaries of categoricals): the engine accepts them alike.
+    schema = pa.RecordBatchReader.from_stream(pl.DataFrame(schema=frame.collect_schema())).schema
+
+    def produce() -> Iterator[pa.RecordBatch]:
+        for chunk in frame.collect_batches(chunk_size=batch_rows, engine="streaming"):
+            yield from pa.RecordBatchReader.from_stream(chunk)
+
+    return StreamedTable(schema, produce, nullable=nullable)
+
+
+def _parquet(path: Path, batch_rows: int, nullable: bool) -> StreamedTable:
+    import pyarrow.dataset as ds
+
+    if not path.exists():
+        raise FileNotFoundError(f"no Parquet file or directory at {path}")
+    dataset = ds.dataset(path, format="parquet")
+
+    def produce() -> Iterator[pa.RecordBatch]:
+        yield from dataset.to_batches(batch_size=batch_rows)
+
+    return StreamedTable(dataset.schema, produce, nullable=nullable)
