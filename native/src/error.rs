@@ -112,8 +112,9 @@ impl Error {
             first_row: Some(first_row),
             count: Some(count),
             message: format!(
-                "{problem} (first offending row {first_row}, {count} row{} fail)",
-                if count == 1 { "" } else { "s" }
+                "{problem} (first offending row {first_row}, {count} {} fail{})",
+                if count == 1 { "row" } else { "rows" },
+                if count == 1 { "s" } else { "" }
             ),
         }
     }
