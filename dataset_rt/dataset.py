@@ -18,7 +18,7 @@ from dataset_rt import _native
 from dataset_rt.config import ReaderConfig
 from dataset_rt.facade import facade_module
 from dataset_rt.integrations.torch import to_torch_iterable_dataset
-from dataset_rt.lazy import scan_batches, streamed
+from dataset_rt.lazy import hand_over, scan_batches
 from dataset_rt.records import (
     AbsentManifestTarget,
     CachedSample,
@@ -138,15 +138,7 @@ class CachedDataset:
         how many rows fail, and nothing changes; a LazyFrame or file that fails
         while it is read raises its own error, and nothing changes either.
         """
-        source = streamed(table)
-        if source is None:
-            self._engine.update_metadata(table)
-            return
-        try:
-            self._engine.update_metadata(source.reader())
-        except Exception:
-            source.raise_source_error()
-            raise
+        hand_over(table, self._engine.update_metadata)
 
     def samples_metadata(self) -> pl.DataFrame:
         """Alias of `get_metadata`."""

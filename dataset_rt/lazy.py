@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 import pyarrow as pa
@@ -29,6 +29,7 @@ import pyarrow as pa
 BATCH_ROWS = 65_536
 
 BatchOpener = Callable[[], Iterator[pa.RecordBatch]]
+T = TypeVar("T")
 
 
 # -- out: an Arrow stream as a LazyFrame --------------------------------------------
@@ -139,6 +140,24 @@ def streamed(
     if isinstance(table, (str, Path)):
         return _parquet(Path(table), batch_rows, nullable)
     return None
+
+
+def hand_over(table: Any, consume: Callable[[Any], T]) -> T:
+    """``consume(table)`` for the engine, with a LazyFrame or a Parquet path given
+    as an Arrow C stream of its batches (an eager table as it is).
+
+    When the source fails while the engine reads it, the engine's own error
+    ("cannot read the Arrow stream") gives way to the source's, and the engine
+    has changed nothing: it validates a population only once it has read it all.
+    """
+    source = streamed(table)
+    if source is None:
+        return consume(table)
+    try:
+        return consume(source.reader())
+    except Exception:
+        source.raise_source_error()
+        raise
 
 
 def _lazy_frame(frame: pl.LazyFrame, batch_rows: int, nullable: bool) -> StreamedTable:

@@ -35,6 +35,7 @@ from dataset_rt._native import check_name
 from dataset_rt.config import ShuffleMode
 from dataset_rt.dataset import batch_reader
 from dataset_rt.errors import InvalidArgumentError
+from dataset_rt.lazy import hand_over
 from dataset_rt.runtime import DatasetRuntime
 from dataset_rt.service import DatasetService, StreamRequest
 
@@ -369,8 +370,9 @@ class LocalSource:
         return {k: v for k, v in self.__dict__.items() if k != "_opened"} | {"_opened": None}
 
     def put(self, table: Any, *, activate: bool = True) -> str:
-        """Validate and store a population; returns its id."""
-        population, _ = self.service.put(table, activate)
+        """Validate and store a population (a table, a Polars LazyFrame or a
+        Parquet path, as `CachedDataset.update_metadata` takes); returns its id."""
+        population, _ = hand_over(table, lambda arrow: self.service.put(arrow, activate))
         return population
 
     def metadata(self, population: str | None = None) -> pl.DataFrame:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import suppress
 from typing import Any, NamedTuple
 
 import polars as pl
@@ -18,11 +19,16 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from dataset_rt.config import ShuffleMode
+from dataset_rt.lazy import StreamedTable, scan_batches, streamed
 from dataset_rt.service import BASE_COLUMNS, StreamRequest, parse_ticket
 
 # Statuses after which another location (or the same one, later) can serve the
 # ticket. INVALID_ARGUMENT, NOT_FOUND and auth errors are final.
 RETRYABLE = (flight.FlightUnavailableError, flight.FlightTimedOutError, flight.FlightInternalError)
+
+# A streamed put is sent in messages of at most this many Arrow bytes (a batch
+# larger than it is sliced): gRPC messages stay bounded.
+PUT_MESSAGE_BYTES = 4 << 20
 
 
 class EveryLocationFailedError(ConnectionError):
@@ -135,12 +141,101 @@ class DatasetClient:
         reader = self._call("do_get", flight.Ticket(json.dumps(ticket).encode()))
         return pl.DataFrame(reader.read_all())
 
+    def scan_metadata(self, dataset: str, population: str | None = None) -> pl.LazyFrame:
+        """A stored population (the active one by default) as a Polars LazyFrame.
+
+        The population is pinned now (the active one's id is asked for), so the
+        frame always reads the same rows, and its schema is the metadata stream's,
+        read without rows. Every query streams the metadata ticket and applies its
+        filter, projection and row limit batch by batch as the batches arrive (a
+        broken stream resumes on the next location, after the rows it delivered);
+        ``scan_metadata(d).collect()`` equals ``get_metadata(d)``.
+        """
+        if population is None:
+            population = str(self.populations(dataset)["active"]["population"])
+        body = {"dataset": dataset, "metadata": True, "population": population}
+        ticket = flight.Ticket(json.dumps(body).encode())
+        schema = self._metadata_schema(ticket)
+        return scan_batches(
+            schema,
+            lambda: self._metadata_batches(ticket),
+            name=f"flight population {dataset}/{population}",
+        )
+
+    def _metadata_schema(self, ticket: flight.Ticket) -> pa.Schema:
+        errors: list[str] = []
+        for location in self.locations:
+            try:
+                reader = self._client(location).do_get(ticket, options=self._options)
+                try:
+                    return reader.schema
+                finally:
+                    with suppress(flight.FlightError, pa.ArrowException):
+                        reader.cancel()
+            except RETRYABLE as error:
+                errors.append(f"{location}: {type(error).__name__}: {error}")
+                self._clients.pop(location, None)
+        raise EveryLocationFailedError("every location failed: " + "; ".join(errors))
+
+    def _metadata_batches(self, ticket: flight.Ticket) -> Iterator[pa.RecordBatch]:
+        """A (pinned) metadata ticket's batches as they arrive; after a failure the
+        stream is read again on the next location and the rows already delivered
+        are skipped (a stored population is immutable)."""
+        delivered = 0
+        failures: list[str] = []
+        attempts = self._retries * len(self.locations)
+        for attempt in range(attempts):
+            location = self.locations[attempt % len(self.locations)]
+            reader = None
+            try:
+                reader = self._client(location).do_get(ticket, options=self._options)
+                skip = delivered
+                for chunk in reader:
+                    batch = chunk.data
+                    if skip >= batch.num_rows:
+                        skip -= batch.num_rows
+                        continue
+                    batch, skip = batch.slice(skip), 0
+                    delivered += batch.num_rows
+                    yield batch
+                reader = None
+                return
+            except RETRYABLE as error:
+                failures.append(f"{location}: {type(error).__name__}: {error}")
+                self.failovers.append((time.monotonic(), location, type(error).__name__))
+                self._clients.pop(location, None)
+                reader = None
+                if attempt + 1 < attempts:
+                    time.sleep(
+                        min(
+                            self._backoff * 2 ** (attempt // len(self.locations)), self._max_backoff
+                        )
+                    )
+            finally:
+                if reader is not None:  # the query stopped early: free the server's stream
+                    with suppress(flight.FlightError, pa.ArrowException):
+                        reader.cancel()
+        raise EveryLocationFailedError(
+            f"every location failed after {attempts} attempts: " + "; ".join(failures[-5:])
+        )
+
     def update_metadata(self, dataset: str, table: Any, *, activate: bool = True) -> str:
-        """Validate and store ``table`` on the server; returns the population id."""
-        arrow = pa.table(table)
+        """Validate and store ``table`` on the server; returns the population id.
+
+        ``table`` is any Arrow stream exporter (a Polars DataFrame, a pyarrow
+        Table), a Polars LazyFrame, or the path of a Parquet file or directory.
+        A LazyFrame runs on Polars' streaming engine and each batch is written to
+        the ``do_put`` stream as it comes; a Parquet path is read and sent batch
+        by batch: neither is collected here. If it fails midway, its error is
+        raised and the server stores nothing.
+        """
         descriptor = flight.FlightDescriptor.for_command(
             json.dumps({"dataset": dataset, "activate": activate})
         )
+        source = streamed(table, nullable=True)
+        if source is not None:
+            return self._put_streamed(descriptor, source)
+        arrow = pa.table(table)
         writer, reader = self._call("do_put", descriptor, arrow.schema)
         try:
             writer.write_table(arrow)
@@ -148,6 +243,25 @@ class DatasetClient:
             answer = reader.read()
         finally:
             writer.close()
+        return str(json.loads(answer.to_pybytes())["population"])
+
+    def put(self, dataset: str, table: Any, *, activate: bool = True) -> str:
+        """Alias of `update_metadata` (the name of ``LocalSource.put``)."""
+        return self.update_metadata(dataset, table, activate=activate)
+
+    def _put_streamed(self, descriptor: flight.FlightDescriptor, source: StreamedTable) -> str:
+        writer, reader = self._call("do_put", descriptor, source.schema)
+        batches = source.batches()
+        try:
+            for batch in batches:
+                for piece in _bounded(batch, PUT_MESSAGE_BYTES):
+                    writer.write_batch(piece)
+            writer.done_writing()
+            answer = reader.read()
+        except BaseException:
+            _abandon_put(writer, source.schema)
+            raise
+        writer.close()
         return str(json.loads(answer.to_pybytes())["population"])
 
     def set_epoch_len(self, dataset: str, epoch_len: int) -> int:
@@ -315,6 +429,35 @@ class DatasetClient:
         raise EveryLocationFailedError(
             f"every location failed after {attempts} attempts: " + "; ".join(failures[-5:])
         )
+
+
+def _bounded(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``batch`` in slices of about ``max_bytes`` Arrow bytes at most."""
+    if batch.nbytes <= max_bytes or batch.num_rows <= 1:
+        yield batch
+        return
+    rows = max(1, batch.num_rows * max_bytes // batch.nbytes)
+    for start in range(0, batch.num_rows, rows):
+        yield batch.slice(start, rows)
+
+
+def _abandon_put(writer: flight.FlightStreamWriter, schema: pa.Schema) -> None:
+    """End a put whose table failed midway so that the server stores nothing.
+
+    pyarrow cannot cancel a ``do_put``: closing or dropping its writer ends the
+    stream cleanly, and the server would store the rows sent so far. So the
+    stream ends with one row whose identities are null, which the server refuses
+    with the whole table (null identities are never valid: docs/flight-protocol.md,
+    "Populations"); the caller raises the source's own error. Failures here (the
+    server already refused the put, the connection is gone) change nothing.
+    """
+    with suppress(Exception):
+        writer.write_batch(
+            pa.RecordBatch.from_arrays([pa.nulls(1, field.type) for field in schema], schema=schema)
+        )
+        writer.done_writing()
+    with suppress(Exception):
+        writer.close()
 
 
 def _samples(batches: Iterator[pa.RecordBatch]) -> Iterator[EpochSample]:
