@@ -62,8 +62,6 @@ def scan_batches(schema: pa.Schema, open_batches: BatchOpener, *, name: str) -> 
         try:
             for batch in batches:
                 for start in range(0, batch.num_rows, rows):
-                    if left is not None and left <= 0:
-                        return
                     frame = pl.DataFrame(batch.slice(start, rows))
                     if predicate is not None:
                         frame = frame.filter(predicate)
@@ -73,6 +71,8 @@ def scan_batches(schema: pa.Schema, open_batches: BatchOpener, *, name: str) -> 
                         frame = frame.head(left)
                         left -= frame.height
                     yield frame
+                    if left is not None and left <= 0:
+                        return  # read no further batch
         finally:
             close = getattr(batches, "close", None)
             if close is not None:
