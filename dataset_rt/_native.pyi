@@ -329,6 +329,18 @@ def write_cache(
     total: int | None = None,
     profiler: WriteProfiler | None = None,
 ) -> str: ...
+def write_arrow(
+    runtime: Runtime,
+    data: object,
+    base_dir: str,
+    name: str,
+    payload_column: str,
+    options: WriteOptions,
+    total: int | None = None,
+    profiler: WriteProfiler | None = None,
+) -> str:
+    """Write the rows of an ``__arrow_c_stream__`` exporter into ``base_dir/name``."""
+
 def check_cache(path: str, full: bool) -> None: ...
 def verify_cache(path: str) -> VerifyReport: ...
 def inspect_cache(path: str) -> CacheInfo: ...

@@ -1,4 +1,4 @@
-"""``python -m dataset_rt``: inspect and verify caches, or run the demo.
+"""``python -m dataset_rt``: inspect, verify, write and import caches, or run the demo.
 
 With no arguments it runs a small self-contained demo (writes a cache under
 ``./.data/demo``, reweights it with Polars and reads a balanced epoch).
@@ -13,7 +13,12 @@ from pathlib import Path
 
 from dataset_rt import _native
 from dataset_rt.audit_cli import add_parser as add_audit_parser
-from dataset_rt.errors import DatasetRTError
+from dataset_rt.errors import (
+    DatasetRTError,
+    InvalidArgumentError,
+    SchemaMismatchError,
+    SourceError,
+)
 from dataset_rt.records import CacheInput
 
 
@@ -89,6 +94,41 @@ def _write(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _import(args: argparse.Namespace) -> int:
+    """Write a cache from Parquet; bad input (path, column, type, name) exits 2."""
+    from dataset_rt.config import WriterConfig
+    from dataset_rt.runtime import DatasetRuntime, _write_arrow_cache
+
+    try:
+        _native.validate_source_name(args.name)
+        runtime = DatasetRuntime(num_workers=args.num_workers)
+        path = _write_arrow_cache(
+            runtime.native,
+            args.path,
+            args.base_dir,
+            args.name,
+            args.payload_column,
+            WriterConfig(),
+            args.batch_size,
+        )
+    except (InvalidArgumentError, SourceError, SchemaMismatchError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    info = _native.inspect_cache(str(path))
+    print(
+        f"ok: {args.name} -> {path}: {info.record_count} records, "
+        f"{_human_bytes(info.payload_bytes)}, cache_id {info.cache_id}"
+    )
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 class _DemoSource:
     """Twelve records: nine of label 0, three of label 1."""
 
@@ -156,6 +196,23 @@ def _parser() -> argparse.ArgumentParser:
     write.add_argument("base_dir", type=Path, help="where the cache directories go")
     write.add_argument("--num-workers", type=int, default=2, help="Rust worker threads")
     write.set_defaults(run=_write)
+    import_help = (
+        "write the cache BASE_DIR/NAME from a Parquet file or a directory of Parquet "
+        "files, one record per row: --payload-column is the payload (binary), the other "
+        "columns are stored metadata; a progress bar is drawn when stderr is a terminal"
+    )
+    ingest = commands.add_parser("import", help=import_help, description=import_help)
+    ingest.add_argument("path", type=Path, help="a Parquet file or a directory of them")
+    ingest.add_argument("--payload-column", required=True, help="the binary payload column")
+    ingest.add_argument("--name", required=True, help="the cache (source) name")
+    ingest.add_argument(
+        "--base-dir", type=Path, default=Path("."), help="where the cache directory goes"
+    )
+    ingest.add_argument(
+        "--batch-size", type=_positive_int, default=64 * 1024, help="rows per batch read"
+    )
+    ingest.add_argument("--num-workers", type=_positive_int, default=2, help="Rust workers")
+    ingest.set_defaults(run=_import)
     add_audit_parser(commands)
     demo_help = "write a demo cache (or reuse it), reweight it with Polars, read a balanced epoch"
     demo = commands.add_parser("demo", help=demo_help, description=demo_help)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from dataset_rt import _native
 from dataset_rt.config import DEFAULT_WRITER_CONFIG, ReaderConfig, WriterConfig
@@ -16,7 +17,7 @@ from dataset_rt.dataset import (
     CacheSourcesDatasetResult,
     CacheSourcesDatasetSuccess,
 )
-from dataset_rt.errors import DatasetRTError, InvalidArgumentError
+from dataset_rt.errors import DatasetRTError, InvalidArgumentError, SourceError
 from dataset_rt.facade import facade_module
 from dataset_rt.records import (
     CacheSource,
@@ -24,6 +25,58 @@ from dataset_rt.records import (
     CacheWriteResult,
     CacheWriteSuccess,
 )
+
+ArrowData: TypeAlias = Any
+"""What `DatasetRuntime.write_arrow` reads: a Parquet file or directory (a path),
+a ``pyarrow.Table``, ``RecordBatch`` or ``RecordBatchReader``, a list of record
+batches, a Polars ``DataFrame`` or ``LazyFrame``, or any object that exports
+``__arrow_c_stream__``."""
+
+DEFAULT_BATCH_SIZE = 64 * 1024
+"""Rows per record batch read from a Parquet path or a ``LazyFrame``."""
+
+
+def _arrow_stream(data: ArrowData, batch_size: int) -> tuple[object, int | None]:
+    """``data`` as an Arrow C stream exporter, read lazily, and its row count if known.
+
+    Paths are scanned with ``pyarrow.dataset`` batch by batch (never read whole);
+    tables are cut into batches of ``batch_size`` rows without copying.
+    """
+    import pyarrow as pa
+
+    if isinstance(data, (str, os.PathLike)):
+        import pyarrow.dataset as pads
+
+        path = Path(data)
+        if not path.exists():
+            raise InvalidArgumentError(
+                f"{path} does not exist; expected a Parquet file or a directory of Parquet files"
+            )
+        dataset = pads.dataset(path, format="parquet")
+        return dataset.scanner(batch_size=batch_size).to_reader(), dataset.count_rows()
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        return data.to_reader(max_chunksize=batch_size), data.num_rows
+    if isinstance(data, (list, tuple)):
+        batches = [pa.record_batch(b) if not isinstance(b, pa.RecordBatch) else b for b in data]
+        if not batches:
+            # An empty source: the engine refuses it as it refuses an empty iterable.
+            return pa.RecordBatchReader.from_batches(pa.schema([]), []), 0
+        reader = pa.RecordBatchReader.from_batches(batches[0].schema, batches)
+        return reader, sum(b.num_rows for b in batches)
+    if type(data).__name__ == "LazyFrame" and hasattr(data, "collect_batches"):
+        return data.collect_batches(chunk_size=batch_size), None
+    if hasattr(data, "__arrow_c_stream__"):
+        rows = getattr(data, "num_rows", None)
+        if rows is None and type(data).__name__ == "DataFrame":
+            rows = getattr(data, "height", None)
+        return data, rows if isinstance(rows, int) else None
+    raise InvalidArgumentError(
+        "data must be a Parquet path, a pyarrow Table, RecordBatch or RecordBatchReader, a "
+        "list of record batches, a polars DataFrame or LazyFrame, or an object exporting "
+        f"__arrow_c_stream__; got {type(data).__name__}"
+    )
 
 
 def _as_source_list(sources: CacheSource | Sequence[CacheSource]) -> list[CacheSource]:
@@ -100,6 +153,89 @@ class DatasetRuntime:
         """
         return self._write_sources(sources, Path(base_dir), writer_config, reuse=True)
 
+    def write_arrow(
+        self,
+        data: ArrowData,
+        base_dir: str | Path,
+        *,
+        name: str,
+        payload_column: str,
+        writer_config: WriterConfig = DEFAULT_WRITER_CONFIG,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> CacheWriteResult:
+        """Write one immutable cache at ``base_dir / name`` from columnar data.
+
+        ``data`` is a Parquet file or a directory of them (scanned batch by batch
+        with ``pyarrow.dataset``), a ``pyarrow.Table``, ``RecordBatch`` or
+        ``RecordBatchReader``, a list of record batches, a Polars ``DataFrame`` or
+        ``LazyFrame``, or any ``__arrow_c_stream__`` exporter. Each row is one
+        record: ``payload_column`` (binary, large_binary, binary_view or
+        fixed_size_binary, no nulls) is its payload and every other column is
+        stored metadata (bool, integer, float or string columns, no nulls).
+
+        The rows never become Python objects: the Arrow stream is read in Rust
+        with the GIL released and written by the same engine as `write_cache`,
+        so the same records give the same cache, byte for byte, and the same
+        ``cache_id``, whichever path wrote them. Returns a `CacheWriteSuccess`, or
+        a `CacheWriteError` whose message names the column and record at fault
+        (or the bad ``name``, a missing path, ``data`` of an unknown kind: what
+        `write_cache` reports as a source's failure); a failed write leaves no
+        cache. An existing cache is not overwritten.
+        """
+        config = _checked_writer_config(writer_config)
+        if not isinstance(payload_column, str):
+            raise InvalidArgumentError(
+                f"payload_column must be a str, got {type(payload_column).__name__}"
+            )
+        try:
+            _native.validate_source_name(name)
+            path = _write_arrow_cache(
+                self._native, data, Path(base_dir), name, payload_column, config, batch_size
+            )
+        except DatasetRTError as error:
+            return CacheWriteError(name, str(error))
+        return CacheWriteSuccess(name, path)
+
+    def from_arrow(
+        self,
+        data: ArrowData,
+        base_dir: str | Path,
+        *,
+        name: str,
+        payload_column: str,
+        reader_config: ReaderConfig,
+        writer_config: WriterConfig = DEFAULT_WRITER_CONFIG,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> CacheSourcesDatasetResult:
+        """`from_cache_sources` for columnar data: reuse ``base_dir / name`` or write it.
+
+        When the cache exists, ``data`` is not read (it is checked as
+        `from_cache_sources` checks an existing cache); otherwise it is written
+        with `write_arrow`. Then the cache is opened: the result is
+        `CacheSourcesDatasetSuccess`, or `CacheSourcesDatasetError` with the
+        write's or the open's error.
+        """
+        config = _checked_writer_config(writer_config)
+        target = Path(base_dir) / name
+        result: CacheWriteResult
+        if _valid_name(name) and target.exists():
+            try:
+                _native.check_cache(str(target), config.validate_cache)
+            except DatasetRTError as error:
+                result = CacheWriteError(name, str(error))
+            else:
+                result = CacheWriteSuccess(name, target)
+        else:
+            result = self.write_arrow(
+                data,
+                base_dir,
+                name=name,
+                payload_column=payload_column,
+                writer_config=config,
+                batch_size=batch_size,
+            )
+        return self._open_written([result], reader_config)
+
     def cached_dataset(
         self, paths: Sequence[str | Path], *, reader_config: ReaderConfig
     ) -> CachedDataset:
@@ -129,6 +265,12 @@ class DatasetRuntime:
         ``results`` for the others) and `CacheSourcesDatasetError` otherwise.
         """
         results = self.ensure_caches(sources, base_dir, writer_config=writer_config)
+        return self._open_written(results, reader_config)
+
+    def _open_written(
+        self, results: list[CacheWriteResult], reader_config: ReaderConfig
+    ) -> CacheSourcesDatasetResult:
+        """One dataset over the caches written or reused (`from_cache_sources`'s result)."""
         paths = [r.path for r in results if isinstance(r, CacheWriteSuccess)]
         if not paths:
             failures = "; ".join(
@@ -151,10 +293,7 @@ class DatasetRuntime:
         *,
         reuse: bool,
     ) -> list[CacheWriteResult]:
-        if not isinstance(config, WriterConfig):
-            raise InvalidArgumentError(
-                f"writer_config must be a WriterConfig, got {type(config).__name__}"
-            )
+        _checked_writer_config(config)
         source_list = _as_source_list(sources)
         # Two sources of one name would write one directory: refuse before writing.
         names = [_source_name(source, position) for position, source in enumerate(source_list)]
@@ -217,6 +356,60 @@ class DatasetRuntime:
             profiler=profiler,
         )
         return Path(written)
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        _native.validate_source_name(name)
+    except DatasetRTError:
+        return False
+    return True
+
+
+def _checked_writer_config(config: object) -> WriterConfig:
+    if not isinstance(config, WriterConfig):
+        raise InvalidArgumentError(
+            f"writer_config must be a WriterConfig, got {type(config).__name__}"
+        )
+    return config
+
+
+def _write_arrow_cache(
+    runtime: _native.Runtime,
+    data: ArrowData,
+    base_dir: Path,
+    name: str,
+    payload_column: str,
+    config: WriterConfig,
+    batch_size: int,
+) -> Path:
+    """`DatasetRuntime.write_arrow`, raising the engine's error (the CLI's exit code
+    depends on its class)."""
+    import pyarrow as pa
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidArgumentError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    try:
+        stream, total = _arrow_stream(data, batch_size)
+    except pa.ArrowException as error:  # an unreadable Parquet file or schema
+        raise SourceError(f"cannot read {data}: {error}") from error
+    options = config.options
+    profiler = _native.WriteProfiler() if options.profile_path is not None else None
+    try:
+        written = _native.write_arrow(
+            runtime,
+            stream,
+            str(base_dir),
+            name,
+            payload_column,
+            options,
+            total=total,
+            profiler=profiler,
+        )
+    finally:
+        if options.profile_path is not None and profiler is not None:
+            _write_profile(Path(options.profile_path), [(name, profiler)])
+    return Path(written)
 
 
 def _write_profile(path: Path, profiles: list[tuple[str, _native.WriteProfiler]]) -> None:

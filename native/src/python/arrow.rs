@@ -25,35 +25,7 @@ pub fn export_stream<'py>(
 
 /// Read every batch of any object exporting `__arrow_c_stream__`.
 pub fn import_table(obj: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBatch>)> {
-    let type_name = obj
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".into());
-    if !obj.hasattr("__arrow_c_stream__")? {
-        return Err(to_pyerr(Error::population(format!(
-            "expected a table that exports the Arrow C stream interface (a polars.DataFrame, \
-             a pyarrow.Table or RecordBatchReader), got {type_name}"
-        ))));
-    }
-    let capsule = obj.call_method0("__arrow_c_stream__")?;
-    let capsule = capsule.cast_into::<PyCapsule>().map_err(|_| {
-        to_pyerr(Error::population(format!(
-            "{type_name}.__arrow_c_stream__() did not return a PyCapsule"
-        )))
-    })?;
-    let pointer = capsule.pointer_checked(Some(STREAM_CAPSULE))?;
-    // SAFETY: the capsule is named "arrow_array_stream", so by the Arrow PyCapsule
-    // interface it holds an ArrowArrayStream; `from_raw` moves it out and marks the
-    // capsule's copy released, so the producer's destructor will not free it twice.
-    let reader = unsafe {
-        RecordBatchStreamReader::from_raw(pointer.as_ptr().cast::<FFI_ArrowArrayStream>())
-    }
-    .map_err(|e| {
-        to_pyerr(Error::population(format!(
-            "cannot read the Arrow stream: {e}"
-        )))
-    })?;
+    let reader = import_stream(obj, Error::population)?;
     let schema = reader.schema();
     let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| {
         to_pyerr(Error::population(format!(
@@ -61,6 +33,37 @@ pub fn import_table(obj: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBa
         )))
     })?;
     Ok((schema, batches))
+}
+
+/// The stream of any object exporting `__arrow_c_stream__`, read batch by
+/// batch; `error` makes the error of the caller's kind from a message.
+pub fn import_stream(
+    obj: &Bound<'_, PyAny>,
+    error: fn(String) -> Error,
+) -> PyResult<RecordBatchStreamReader> {
+    let type_name = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
+    if !obj.hasattr("__arrow_c_stream__")? {
+        return Err(to_pyerr(error(format!(
+            "expected a table that exports the Arrow C stream interface (a polars.DataFrame, \
+             a pyarrow.Table or RecordBatchReader), got {type_name}"
+        ))));
+    }
+    let capsule = obj.call_method0("__arrow_c_stream__")?;
+    let capsule = capsule.cast_into::<PyCapsule>().map_err(|_| {
+        to_pyerr(error(format!(
+            "{type_name}.__arrow_c_stream__() did not return a PyCapsule"
+        )))
+    })?;
+    let pointer = capsule.pointer_checked(Some(STREAM_CAPSULE))?;
+    // SAFETY: the capsule is named "arrow_array_stream", so by the Arrow PyCapsule
+    // interface it holds an ArrowArrayStream; `from_raw` moves it out and marks the
+    // capsule's copy released, so the producer's destructor will not free it twice.
+    unsafe { RecordBatchStreamReader::from_raw(pointer.as_ptr().cast::<FFI_ArrowArrayStream>()) }
+        .map_err(|e| to_pyerr(error(format!("cannot read the Arrow stream: {e}"))))
 }
 
 /// A table held by Rust, exported as a fresh C stream on every request.

@@ -8,6 +8,7 @@ mod cache;
 mod config;
 mod dataset;
 mod errors;
+mod ingest;
 mod request;
 mod service;
 mod writer;
@@ -68,6 +69,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(request::parse_ticket, m)?)?;
     m.add_function(wrap_pyfunction!(service::check_name, m)?)?;
     m.add_function(wrap_pyfunction!(writer::write_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(ingest::write_arrow, m)?)?;
     m.add_function(wrap_pyfunction!(writer::validate_source_name_py, m)?)?;
     m.add_function(wrap_pyfunction!(writer::check_source_names_py, m)?)?;
     m.add_class::<writer::WriteProfiler>()?;

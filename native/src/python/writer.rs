@@ -43,6 +43,12 @@ pub struct WriteProfiler {
     inner: Arc<WriteProfile>,
 }
 
+impl WriteProfiler {
+    pub(super) fn profile(&self) -> Arc<WriteProfile> {
+        self.inner.clone()
+    }
+}
+
 #[pymethods]
 impl WriteProfiler {
     #[new]

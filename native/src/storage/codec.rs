@@ -129,31 +129,63 @@ pub struct EncodedRecord {
     pub raw_hash: u64,
 }
 
-impl EncodedRecord {
-    pub fn encode(raw: Vec<u8>, compression: Compression) -> Result<Self> {
-        let raw_hash = xxh3_64(&raw);
+/// What a shard's index and the cache's identity record of an encoded record,
+/// without its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encoding {
+    pub codec: Codec,
+    pub raw_len: u64,
+    /// xxh3-64 of the stored bytes, verified on every read.
+    pub checksum: u64,
+    /// xxh3-64 of the raw payload, part of the cache's identity.
+    pub raw_hash: u64,
+}
+
+impl Encoding {
+    /// Encode `raw` without taking it: its encoding, and the stored bytes when
+    /// they differ from `raw` (`None`: the record is stored as it is). The one
+    /// encoder: `EncodedRecord::encode` and the columnar writer both use it.
+    pub fn of(raw: &[u8], compression: Compression) -> Result<(Encoding, Option<Vec<u8>>)> {
+        let raw_hash = xxh3_64(raw);
         let raw_len = raw.len() as u64;
-        let (stored, codec) = match compression.codec() {
-            Codec::None => (raw, Codec::None),
-            Codec::Lz4 => (lz4_flex::block::compress(&raw), Codec::Lz4),
-            Codec::Zstd => (
-                zstd::bulk::compress(&raw, compression.level())
+        let compressed = match compression.codec() {
+            Codec::None => None,
+            Codec::Lz4 => Some(lz4_flex::block::compress(raw)),
+            Codec::Zstd => Some(
+                zstd::bulk::compress(raw, compression.level())
                     .map_err(|e| Error::internal(format!("zstd compression failed: {e}")))?,
-                Codec::Zstd,
             ),
         };
-        let checksum = if codec == Codec::None {
-            raw_hash
-        } else {
-            xxh3_64(&stored)
-        };
-        Ok(EncodedRecord {
-            stored,
-            codec,
+        let checksum = compressed.as_deref().map_or(raw_hash, xxh3_64);
+        let encoding = Encoding {
+            codec: compression.codec(),
             raw_len,
             checksum,
             raw_hash,
+        };
+        Ok((encoding, compressed))
+    }
+}
+
+impl EncodedRecord {
+    pub fn encode(raw: Vec<u8>, compression: Compression) -> Result<Self> {
+        let (encoding, compressed) = Encoding::of(&raw, compression)?;
+        Ok(EncodedRecord {
+            stored: compressed.unwrap_or(raw),
+            codec: encoding.codec,
+            raw_len: encoding.raw_len,
+            checksum: encoding.checksum,
+            raw_hash: encoding.raw_hash,
         })
+    }
+
+    pub fn encoding(&self) -> Encoding {
+        Encoding {
+            codec: self.codec,
+            raw_len: self.raw_len,
+            checksum: self.checksum,
+            raw_hash: self.raw_hash,
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Immutable caches: one directory per source, published by rename when complete.
 //! `WritePipeline` writes one from a sequence of records, encoding on the worker
-//! threads; `CacheWriter` appends already encoded records in order.
+//! threads, or from Arrow record batches (`ColumnarSchema`, `push_rows`);
+//! `CacheWriter` appends already encoded records in order.
 //!
 //! ```text
 //! <base>/<name>/manifest.json    format version, identity, schema, file checksums
@@ -12,6 +13,7 @@
 
 mod cache;
 mod codec;
+mod columnar;
 mod index;
 mod live;
 mod manifest;
@@ -25,7 +27,8 @@ pub(crate) mod temp;
 mod writer;
 
 pub use cache::{Cache, CacheSet, VerifyReport};
-pub use codec::{check_ratio, Codec, Compression, EncodedRecord};
+pub use codec::{check_ratio, Codec, Compression, EncodedRecord, Encoding};
+pub use columnar::{ColumnarRows, ColumnarSchema};
 pub use index::{IndexEntry, INDEX_ENTRY_BYTES};
 pub use live::LiveCaches;
 pub use manifest::{FileEntry, Manifest, FORMAT_VERSION};

@@ -104,8 +104,23 @@ impl SchemaBinder {
 
     /// Fix the schema from the first record's `(key, value)` pairs.
     pub fn from_first(fields: &[(String, MetaValue)]) -> Result<Self> {
+        Self::from_columns(
+            fields
+                .iter()
+                .map(|(name, value)| ColumnSpec {
+                    name: name.clone(),
+                    dtype: value.meta_type(),
+                })
+                .collect(),
+        )
+    }
+
+    /// Fix the schema from its columns (a columnar source's, which carries
+    /// its types): the same rules on names as `from_first`.
+    pub fn from_columns(columns: Vec<ColumnSpec>) -> Result<Self> {
         let mut binder = SchemaBinder::default();
-        for (name, value) in fields {
+        for ColumnSpec { name, dtype } in columns {
+            let name = &name;
             if RESERVED_COLUMNS.contains(&name.as_str()) {
                 return Err(Error::Schema(format!(
                     "record 0: metadata key '{name}' is reserved (reserved keys: {}): the \
@@ -127,7 +142,7 @@ impl SchemaBinder {
             binder.positions.insert(name.clone(), binder.columns.len());
             binder.columns.push(ColumnSpec {
                 name: name.clone(),
-                dtype: value.meta_type(),
+                dtype,
             });
         }
         Ok(binder)

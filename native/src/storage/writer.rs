@@ -14,7 +14,7 @@ use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
 use arrow_ipc::writer::FileWriter;
 use arrow_schema::{Field, Schema};
 
-use super::codec::{Compression, EncodedRecord};
+use super::codec::{Compression, EncodedRecord, Encoding};
 use super::index::IndexEntry;
 use super::manifest::{FileEntry, Manifest};
 use super::profile::{timed, Stage, WriteProfile};
@@ -194,6 +194,17 @@ impl CacheWriter {
 
     /// Append the next record (records are numbered in append order).
     pub fn append(&mut self, record: &EncodedRecord, metadata: &[MetaValue]) -> Result<()> {
+        self.append_stored(&record.stored, record.encoding(), metadata)
+    }
+
+    /// Append the next record from its stored bytes and their `encoding`
+    /// (the columnar writer's records are slices of an Arrow buffer).
+    pub fn append_stored(
+        &mut self,
+        stored: &[u8],
+        record: Encoding,
+        metadata: &[MetaValue],
+    ) -> Result<()> {
         if metadata.len() != self.columns.len() {
             return Err(Error::Schema(format!(
                 "record {} has {} metadata values, the schema has {} columns",
@@ -205,8 +216,7 @@ impl CacheWriter {
         let needs_new_shard = match &self.shard {
             None => true,
             Some(s) => {
-                s.bytes > 0
-                    && s.bytes + record.stored.len() as u64 > self.options.max_shard_bytes.get()
+                s.bytes > 0 && s.bytes + stored.len() as u64 > self.options.max_shard_bytes.get()
             }
         };
         if needs_new_shard {
@@ -229,27 +239,27 @@ impl CacheWriter {
         let Some(shard) = self.shard.as_mut() else {
             return Err(Error::internal("no open shard"));
         };
-        if record.stored.len() as u64 >= LARGE_RECORD {
+        if stored.len() as u64 >= LARGE_RECORD {
             // Read with `pread`, never mapped: no use copying it into the buffer.
             shard
                 .out
                 .flush()
-                .and_then(|()| shard.out.get_mut().write_all(&record.stored))
+                .and_then(|()| shard.out.get_mut().write_all(stored))
         } else {
-            shard.out.write_all(&record.stored)
+            shard.out.write_all(stored)
         }
         .at("cannot write", &shard.path)?;
-        shard.hasher.update(&record.stored);
+        shard.hasher.update(stored);
         IndexEntry {
             shard: shard_number,
             codec: record.codec,
             offset: shard.bytes,
-            stored_len: record.stored.len() as u64,
+            stored_len: stored.len() as u64,
             raw_len: record.raw_len,
             checksum: record.checksum,
         }
         .encode(&mut self.index);
-        shard.bytes += record.stored.len() as u64;
+        shard.bytes += stored.len() as u64;
         shard.records += 1;
         shard.start_writeback();
         self.builders.push(metadata)?;
@@ -260,7 +270,7 @@ impl CacheWriter {
         }
         self.records += 1;
         self.payload_bytes += record.raw_len;
-        self.stored_bytes += record.stored.len() as u64;
+        self.stored_bytes += stored.len() as u64;
         Ok(())
     }
 

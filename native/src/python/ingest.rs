@@ -1,0 +1,88 @@
+//! `write_arrow`: an Arrow C stream into a cache, with no Python object per record.
+//!
+//! The stream is imported once (`arrow::import_stream`); its schema is checked
+//! (`storage::ColumnarSchema`) before anything is written, then every batch is
+//! read, checked and handed to the same `storage::WritePipeline` as the
+//! iterable path (`push_rows`), with the GIL released. The GIL is taken back
+//! between batches only to let Ctrl-C through; an error or an interrupt drops
+//! the pipeline, which removes the unfinished cache.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arrow_array::{RecordBatch, RecordBatchReader};
+use pyo3::prelude::*;
+
+use super::arrow::import_stream;
+use super::config::WriteOptions;
+use super::errors::IntoPyResult;
+use super::writer::WriteProfiler;
+use super::Runtime;
+use crate::error::{Error, Result};
+use crate::storage::{validate_source_name, ColumnarSchema, WritePipeline, EMPTY_SOURCE};
+
+/// Write the records of an Arrow stream (any `__arrow_c_stream__` exporter)
+/// into the cache `base_dir/name`: `payload_column` is each record's payload,
+/// the other columns its stored metadata. Returns the cache's path.
+#[pyfunction]
+#[pyo3(signature = (runtime, data, base_dir, name, payload_column, options, total=None, profiler=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn write_arrow(
+    py: Python<'_>,
+    runtime: &Runtime,
+    data: &Bound<'_, PyAny>,
+    base_dir: PathBuf,
+    name: String,
+    payload_column: String,
+    options: &WriteOptions,
+    total: Option<u64>,
+    profiler: Option<&WriteProfiler>,
+) -> PyResult<String> {
+    validate_source_name(&name).py()?;
+    let mut reader = import_stream(data, Error::Source)?;
+    let schema = ColumnarSchema::new(&reader.schema(), &payload_column).py()?;
+    let mut next = move || -> Result<Option<RecordBatch>> {
+        match reader.next() {
+            None => Ok(None),
+            Some(batch) => batch
+                .map(Some)
+                .map_err(|e| Error::Source(format!("cannot read the Arrow stream: {e}"))),
+        }
+    };
+    // Like the iterable path: an empty source is refused before a cache is started.
+    let first = loop {
+        match py.detach(&mut next).py()? {
+            None => return Err(Error::Source(EMPTY_SOURCE.to_string())).py(),
+            Some(batch) if batch.num_rows() == 0 => continue,
+            Some(batch) => break batch,
+        }
+    };
+    let pool = runtime.pool.clone();
+    let writer_options = options.engine;
+    let columns = schema.columns().to_vec();
+    let mut pipeline = py
+        .detach(|| WritePipeline::create(pool, &base_dir, &name, columns, writer_options))
+        .py()?;
+    if options.show_progress {
+        pipeline = pipeline.with_progress(total);
+    }
+    if let Some(profiler) = profiler {
+        pipeline = pipeline.with_profile(profiler.profile());
+    }
+    let mut records = 0u64;
+    let mut batch = Some(first);
+    while let Some(current) = batch.take() {
+        batch = py
+            .detach(|| -> Result<Option<RecordBatch>> {
+                let rows = schema.rows(&current, records)?;
+                records += rows.len() as u64;
+                pipeline.push_rows(Arc::new(rows))?;
+                drop(current);
+                next()
+            })
+            .py()?;
+        py.check_signals()?;
+    }
+    let (path, _) = py.detach(|| pipeline.finish()).py()?;
+    Ok(path.to_string_lossy().into_owned())
+}
