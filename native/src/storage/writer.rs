@@ -316,7 +316,10 @@ impl CacheWriter {
     /// Close the last shard; write the index, the metadata and the manifest.
     fn write_manifest(&mut self) -> Result<Manifest> {
         self.close_shard()?;
-        let index = self.write_file(INDEX_FILE, &self.index.clone())?;
+        // Taken, not cloned: 40 bytes a record (400 MB for 10^7 records).
+        let index_bytes = std::mem::take(&mut self.index);
+        let index = self.write_file(INDEX_FILE, &index_bytes)?;
+        drop(index_bytes);
         let metadata_bytes = self.metadata_ipc()?;
         let metadata = self.write_file(METADATA_FILE, &metadata_bytes)?;
         let manifest = Manifest {
