@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 import dataset_rt as drt
@@ -67,6 +68,28 @@ def write(tmp_path: Path, source: Any, **writer_kwargs: Any) -> Path:
     assert isinstance(result, drt.CacheWriteSuccess), result
     assert result.path == tmp_path / source.name
     return result.path
+
+
+# -- LazyFrames for the lazy suites (tests/test_lazy.py, tests/flight/test_lazy.py) --
+
+
+def raising_on_batch(n: int) -> Callable[[pl.DataFrame], pl.DataFrame]:
+    """A `map_batches` function that raises on the ``n``-th batch it sees."""
+    seen = 0
+
+    def check(frame: pl.DataFrame) -> pl.DataFrame:
+        nonlocal seen
+        seen += 1
+        if seen == n:
+            raise RuntimeError(f"batch {n} is bad")
+        return frame
+
+    return check
+
+
+def many_batches(frame: pl.DataFrame, copies: int = 40) -> pl.LazyFrame:
+    """``frame`` ``copies`` times over, lazily: a query of many batches."""
+    return pl.concat([frame.lazy()] * copies)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 import pytest
-from conftest import ListSource, make_records, write
+from conftest import ListSource, make_records, many_batches, raising_on_batch, write
 from test_readme import EXAMPLE, README_LOCATION, Example, _check_output
 
 import dataset_rt as drt
@@ -51,23 +51,6 @@ def edited(frame: Any) -> Any:
     return doubled.with_columns(
         (pl.col("score") * 2).alias("twice"), pl.col("name").str.to_uppercase().alias("tag")
     ).reverse()
-
-
-def raising_on_batch(n: int) -> Callable[[pl.DataFrame], pl.DataFrame]:
-    seen = 0
-
-    def check(frame: pl.DataFrame) -> pl.DataFrame:
-        nonlocal seen
-        seen += 1
-        if seen == n:
-            raise RuntimeError(f"batch {n} is bad")
-        return frame
-
-    return check
-
-
-def many_batches(frame: pl.DataFrame, copies: int = 40) -> pl.LazyFrame:
-    return pl.concat([frame.lazy()] * copies)
 
 
 def draws(dataset: drt.CachedDataset) -> list[int]:

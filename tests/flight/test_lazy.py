@@ -17,6 +17,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 import pytest
+from conftest import many_batches, raising_on_batch
 
 from flight_client import DatasetClient
 from flight_server import DatasetFlightServer
@@ -34,23 +35,6 @@ def annotated(frame: Any) -> Any:
     return reweighted(frame).with_columns(
         (pl.col("score") + 1).alias("extra"), pl.col("name").str.len_chars().alias("length")
     )
-
-
-def raising_on_batch(n: int) -> Callable[[pl.DataFrame], pl.DataFrame]:
-    seen = 0
-
-    def check(frame: pl.DataFrame) -> pl.DataFrame:
-        nonlocal seen
-        seen += 1
-        if seen == n:
-            raise RuntimeError(f"batch {n} is bad")
-        return frame
-
-    return check
-
-
-def many_batches(frame: pl.DataFrame, copies: int = 40) -> pl.LazyFrame:
-    return pl.concat([frame.lazy()] * copies)
 
 
 def state(client: DatasetClient) -> dict[str, Any]:

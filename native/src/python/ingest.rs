@@ -16,10 +16,10 @@ use pyo3::prelude::*;
 use super::arrow::import_stream;
 use super::config::WriteOptions;
 use super::errors::IntoPyResult;
-use super::writer::WriteProfiler;
+use super::writer::{start_pipeline, WriteProfiler};
 use super::Runtime;
 use crate::error::{Error, Result};
-use crate::storage::{validate_source_name, ColumnarSchema, WritePipeline, EMPTY_SOURCE};
+use crate::storage::{validate_source_name, ColumnarSchema, EMPTY_SOURCE};
 
 /// Write the records of an Arrow stream (any `__arrow_c_stream__` exporter)
 /// into the cache `base_dir/name`: `payload_column` is each record's payload,
@@ -57,18 +57,10 @@ pub fn write_arrow(
             Some(batch) => break batch,
         }
     };
-    let pool = runtime.pool.clone();
-    let writer_options = options.engine;
     let columns = schema.columns().to_vec();
-    let mut pipeline = py
-        .detach(|| WritePipeline::create(pool, &base_dir, &name, columns, writer_options))
-        .py()?;
-    if options.show_progress {
-        pipeline = pipeline.with_progress(total);
-    }
-    if let Some(profiler) = profiler {
-        pipeline = pipeline.with_profile(profiler.profile());
-    }
+    let mut pipeline = start_pipeline(
+        py, runtime, &base_dir, &name, columns, options, total, profiler,
+    )?;
     let mut records = 0u64;
     let mut batch = Some(first);
     while let Some(current) = batch.take() {

@@ -6,7 +6,7 @@
 //! commits them in order. Creating the cache, committing and finishing run with
 //! the GIL released.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -96,17 +96,9 @@ pub fn write_cache(
     let binder = SchemaBinder::from_first(&fields).py()?;
     let first_values = binder.bind(0, fields).py()?;
     let columns: Vec<ColumnSpec> = binder.columns().to_vec();
-    let pool = runtime.pool.clone();
-    let writer_options = options.engine;
-    let mut pipeline = py
-        .detach(|| WritePipeline::create(pool, &base_dir, &name, columns, writer_options))
-        .py()?;
-    if options.show_progress {
-        pipeline = pipeline.with_progress(total);
-    }
-    if let Some(profile) = &profile {
-        pipeline = pipeline.with_profile(profile.clone());
-    }
+    let mut pipeline = start_pipeline(
+        py, runtime, &base_dir, &name, columns, options, total, profiler,
+    )?;
     push(py, &mut pipeline, data, first_values)?;
     while let Some((data, fields)) = source.next_record()? {
         let values = binder.bind(source.index - 1, fields).py()?;
@@ -114,6 +106,33 @@ pub fn write_cache(
     }
     let (path, _) = py.detach(|| pipeline.finish()).py()?;
     Ok(path.to_string_lossy().into_owned())
+}
+
+/// The write pipeline of cache `base_dir/name` with `options`' progress bar and
+/// the profiler's stages: one start for the iterable and the Arrow paths.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn start_pipeline(
+    py: Python<'_>,
+    runtime: &Runtime,
+    base_dir: &Path,
+    name: &str,
+    columns: Vec<ColumnSpec>,
+    options: &WriteOptions,
+    total: Option<u64>,
+    profiler: Option<&WriteProfiler>,
+) -> PyResult<WritePipeline> {
+    let pool = runtime.pool.clone();
+    let writer_options = options.engine;
+    let mut pipeline = py
+        .detach(|| WritePipeline::create(pool, base_dir, name, columns, writer_options))
+        .py()?;
+    if options.show_progress {
+        pipeline = pipeline.with_progress(total);
+    }
+    if let Some(profiler) = profiler {
+        pipeline = pipeline.with_profile(profiler.profile());
+    }
+    Ok(pipeline)
 }
 
 /// The records of a source's iterator, pulled and read with the GIL held.
