@@ -5,8 +5,10 @@
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use arrow_array::RecordBatch;
+
 use crate::error::{Error, Result};
-use crate::population::Population;
+use crate::population::{library_scratch_dir, write_population, Population};
 use crate::sampling::{StreamOrder, StreamWindow};
 use crate::storage::CacheSet;
 
@@ -30,7 +32,8 @@ pub struct Dataset {
 
 impl Dataset {
     pub fn new(caches: Arc<CacheSet>, order: StreamOrder) -> Result<Self> {
-        let population = Arc::new(Population::full(&caches)?);
+        let written = Population::write_full(&caches, &library_scratch_dir())?;
+        let population = Arc::new(written.open_unnamed(&caches)?);
         let epoch_len = population.num_rows() as u64;
         Ok(Dataset {
             caches,
@@ -72,6 +75,13 @@ impl Dataset {
         cursor.population = Arc::new(population);
         cursor.position = 0;
         Ok(())
+    }
+
+    /// Validate `batches` as a population (streamed into scratch files that
+    /// are mapped, see `library_scratch_dir`) and activate it.
+    pub fn update(&self, batches: impl IntoIterator<Item = Result<RecordBatch>>) -> Result<()> {
+        let written = write_population(self.caches.clone(), &library_scratch_dir(), batches)?;
+        self.activate(written.open_unnamed(&self.caches)?)
     }
 
     pub fn set_epoch_len(&self, epoch_len: NonZeroU64) -> Result<()> {

@@ -119,6 +119,25 @@ impl Error {
         }
     }
 
+    /// The parts of a `population_rows` rejection: (column, first row, count,
+    /// the problem without the rows), to merge rejections of several batches.
+    pub fn row_failure(&self) -> Option<(&str, u64, u64, &str)> {
+        match self {
+            Error::InvalidPopulation {
+                column: Some(column),
+                first_row: Some(row),
+                count: Some(count),
+                message,
+            } => {
+                let problem = message
+                    .rfind(" (first offending row ")
+                    .map_or(message.as_str(), |at| &message[..at]);
+                Some((column, *row, *count, problem))
+            }
+            _ => None,
+        }
+    }
+
     /// A rejection of a whole column (its type, its presence).
     pub fn population_column(column: &str, message: impl Into<String>) -> Self {
         Error::InvalidPopulation {

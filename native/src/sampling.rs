@@ -17,8 +17,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+mod alias;
 mod permutation;
 
+pub use alias::{build_alias, AliasColumn, AliasTable};
 pub use permutation::Permutation;
 
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -47,159 +49,6 @@ pub fn word_at_key(key: u64, position: u64) -> u64 {
 #[inline]
 pub fn word_at(seed: u64, position: u64) -> u64 {
     word_at_key(stream_key(seed), position)
-}
-
-/// Weighted sampling with replacement in O(1) per draw.
-///
-/// Each column is one 8-byte entry (threshold and alias side by side), so a draw
-/// touches one cache line of the table.
-#[derive(Debug, Clone)]
-pub struct AliasTable {
-    /// Column `i` keeps itself when the 32-bit fraction is below `threshold`,
-    /// otherwise it yields `alias`.
-    columns: Vec<AliasColumn>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct AliasColumn {
-    threshold: u32,
-    alias: u32,
-}
-
-impl AliasTable {
-    /// Build from weights that are finite and > 0 (the population validates them).
-    pub fn new(weights: &[f64]) -> Result<Self> {
-        let n = weights.len();
-        if n == 0 {
-            return Err(Error::invalid("cannot sample from an empty population"));
-        }
-        if n > u32::MAX as usize {
-            return Err(Error::invalid(format!(
-                "a population holds at most {} rows, got {n}",
-                u32::MAX
-            )));
-        }
-        let total: f64 = weights.iter().sum();
-        if !total.is_finite() || total <= 0.0 {
-            return Err(Error::population(format!(
-                "the weights sum to {total}; their sum must be finite and > 0 \
-                 (scale the weights down)"
-            )));
-        }
-        let scale = n as f64 / total;
-        let mut scaled: Vec<f64> = weights.iter().map(|w| w * scale).collect();
-        let mut small: Vec<u32> = Vec::new();
-        let mut large: Vec<u32> = Vec::new();
-        for (i, &p) in scaled.iter().enumerate() {
-            if p < 1.0 {
-                small.push(i as u32);
-            } else {
-                large.push(i as u32);
-            }
-        }
-        // A column that keeps itself always has alias == itself, so the threshold
-        // of a full column does not matter.
-        let mut columns: Vec<AliasColumn> = (0..n as u32)
-            .map(|i| AliasColumn {
-                threshold: u32::MAX,
-                alias: i,
-            })
-            .collect();
-        while let (Some(&s), Some(&l)) = (small.last(), large.last()) {
-            small.pop();
-            let (s, l) = (s as usize, l as usize);
-            columns[s] = AliasColumn {
-                threshold: fraction_to_threshold(scaled[s]),
-                alias: l as u32,
-            };
-            scaled[l] -= 1.0 - scaled[s];
-            if scaled[l] < 1.0 {
-                large.pop();
-                small.push(l as u32);
-            }
-        }
-        // Whatever remains is 1.0 up to rounding: those columns keep themselves.
-        crate::prefetch::huge_pages(&columns);
-        Ok(AliasTable { columns })
-    }
-
-    pub fn len(&self) -> usize {
-        self.columns.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.columns.is_empty()
-    }
-
-    /// The row drawn by the random word `word`: of the 128-bit product
-    /// `word * rows`, the high 64 bits pick the column and the next 32 bits
-    /// (bits 32..64) are the fraction; the column is kept when the fraction is
-    /// below its threshold, otherwise its alias is drawn.
-    #[inline]
-    pub fn sample(&self, word: u64) -> usize {
-        let product = word as u128 * self.columns.len() as u128;
-        let column = self.columns[(product >> 64) as usize];
-        let fraction = ((product as u64) >> 32) as u32;
-        if fraction < column.threshold {
-            (product >> 64) as usize
-        } else {
-            column.alias as usize
-        }
-    }
-}
-
-impl AliasTable {
-    /// Draw the rows of many words at once: the table entries of a block are
-    /// prefetched before any is read, so their cache misses overlap instead of
-    /// being paid one after another. Same results as `sample` word by word.
-    pub fn sample_many(&self, words: impl Iterator<Item = u64>, out: &mut Vec<u32>) {
-        const BLOCK: usize = 32;
-        let n = self.columns.len() as u128;
-        let mut products = [0u128; BLOCK];
-        let mut words = words.peekable();
-        while words.peek().is_some() {
-            let mut filled = 0;
-            for (slot, word) in products.iter_mut().zip(words.by_ref()) {
-                *slot = word as u128 * n;
-                prefetch(&self.columns[(*slot >> 64) as usize]);
-                filled += 1;
-            }
-            for &product in &products[..filled] {
-                let column = (product >> 64) as usize;
-                let entry = self.columns[column];
-                let fraction = ((product as u64) >> 32) as u32;
-                out.push(if fraction < entry.threshold {
-                    column as u32
-                } else {
-                    entry.alias
-                });
-            }
-        }
-    }
-}
-
-#[inline(always)]
-fn prefetch<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetching is a hint; it never faults and reads nothing.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(
-            (value as *const T).cast::<i8>(),
-            std::arch::x86_64::_MM_HINT_T0,
-        );
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
-}
-
-fn fraction_to_threshold(p: f64) -> u32 {
-    if p >= 1.0 {
-        u32::MAX
-    } else if p <= 0.0 {
-        0
-    } else {
-        (p * 4_294_967_296.0) as u32
-    }
 }
 
 /// How a stream draws rows: the `shuffle` key, `true | false | "permutation"`

@@ -15,7 +15,8 @@ use arrow_array::RecordBatch;
 
 use crate::error::{Error, Result};
 use crate::population::{
-    canonical, check_population_id, ActivationLock, ActivePopulation, Population, PopulationStore,
+    check_population_id, write_population, ActivationLock, ActivePopulation, Population,
+    PopulationStore,
 };
 use crate::request::StreamRequest;
 use crate::sampling::StreamOrder;
@@ -58,12 +59,10 @@ impl DatasetService {
         let service = Self::assemble(name, caches, state_dir, PopulationStore::open)?;
         if service.store.active()?.is_none() {
             let caches = service.caches();
-            let full = Population::full(&caches)?;
-            let full = Population::from_table(&caches, canonical(full.table())?)?;
-            let rows = full.num_rows() as u64;
+            let written = Population::write_full(&caches, &service.store.scratch_dir())?;
+            let rows = written.rows;
             let lock = service.store.lock_activation()?;
-            let id = service.store.put(full.table())?;
-            service.remember(&id, Arc::new(full))?;
+            let id = service.store.keep(written)?;
             // Another process sharing the store may have activated a
             // population since we looked: only a store without one gets this.
             if service.store.active()?.is_none() {
@@ -208,17 +207,21 @@ impl DatasetService {
             }
             self.forget(id)?;
         }
-        let table = self.store.load(id)?;
-        let population = Arc::new(Population::from_table(&self.caches(), table)?);
+        let population = Arc::new(self.store.open_population(id, &self.caches())?);
         self.remember(id, population.clone())?;
         Ok(population)
     }
 
-    /// Validate, store and (optionally) activate a table. Returns the id and
-    /// the row count. An activation is durable when this returns, and
-    /// activations take effect in the order they return (see `PopulationStore`).
-    pub fn put(&self, table: RecordBatch, activate: bool) -> Result<(String, u64)> {
-        let (id, rows, _) = self.put_holding_activation(table, activate)?;
+    /// Validate, store and (optionally) activate a table, streamed batch by
+    /// batch. Returns the id and the row count. An activation is durable when
+    /// this returns, and activations take effect in the order they return
+    /// (see `PopulationStore`).
+    pub fn put(
+        &self,
+        batches: impl IntoIterator<Item = Result<RecordBatch>>,
+        activate: bool,
+    ) -> Result<(String, u64)> {
+        let (id, rows, _) = self.put_holding_activation(batches, activate)?;
         Ok((id, rows))
     }
 
@@ -228,16 +231,19 @@ impl DatasetService {
     /// took effect (the Python binding drops it once it holds the GIL again).
     pub fn put_holding_activation(
         &self,
-        table: RecordBatch,
+        batches: impl IntoIterator<Item = Result<RecordBatch>>,
         activate: bool,
     ) -> Result<(String, u64, Option<ActivationLock>)> {
-        let population = Population::from_table(&self.caches(), canonical(&table)?)?;
-        let rows = population.num_rows() as u64;
+        // Validated and written without the lock: only the renames and the
+        // pointer wait for other activations.
+        let written = write_population(self.caches(), &self.store.scratch_dir(), batches)?;
+        let rows = written.rows;
         // Stored under the lock when activating, so that a removal of the same
         // population cannot come between storing and activating it.
         let lock = activate.then(|| self.store.lock_activation()).transpose()?;
-        let id = self.store.put(population.table())?;
-        self.remember(&id, Arc::new(population))?;
+        let id = self.store.keep(written)?;
+        let population = Arc::new(self.store.open_population(&id, &self.caches())?);
+        self.remember(&id, population)?;
         if let Some(lock) = &lock {
             self.store.set_active(
                 lock,

@@ -136,7 +136,7 @@ fn populations_reject_changed_stored_values() {
     let dir = tempfile::tempdir().unwrap();
     let set = caches(dir.path());
     let full = Population::full(&set).unwrap();
-    let table = full.table().clone();
+    let table = full.table().unwrap();
     let label_at = table.schema().index_of("label").unwrap();
     let mut labels: Vec<i64> = table
         .column(label_at)
@@ -193,7 +193,7 @@ fn populations_accept_duplicates_reorders_and_extras() {
     let population = Population::from_table(&set, batch).unwrap();
     assert_eq!(population.num_rows(), 3);
     assert_eq!(population.record(1), (0, 5));
-    assert!(population.column("note").is_some());
+    assert!(population.column("note").unwrap().is_some());
 }
 
 /// Records of 1 KiB and 300 KiB alternating (stored as is or compressed).

@@ -64,7 +64,7 @@ fn weighted(service: &DatasetService, weight: f64) -> RecordBatch {
         .population(&active.population)
         .unwrap()
         .table()
-        .clone();
+        .unwrap();
     with_column(&table, "weight", vec![weight; table.num_rows()])
 }
 
@@ -113,7 +113,7 @@ fn a_duplicate_column_is_refused_and_changes_nothing() {
         (&noted, "note", 2.0),
     ] {
         let twice = appended(base, name, vec![value; rows]);
-        match service.put(twice, true) {
+        match service.put([Ok(twice)], true) {
             Err(Error::InvalidPopulation {
                 column, message, ..
             }) => {
@@ -144,7 +144,7 @@ fn the_last_acknowledged_activation_wins() {
                 .collect();
             std::thread::spawn(move || {
                 for table in tables {
-                    let (id, _, lock) = service.put_holding_activation(table, true).unwrap();
+                    let (id, _, lock) = service.put_holding_activation([Ok(table)], true).unwrap();
                     assert!(lock.is_some());
                     acknowledged.lock().unwrap().push(id);
                     // The lock goes here, after the acknowledgement was recorded.
@@ -174,7 +174,7 @@ fn set_epoch_len_never_undoes_an_activation() {
     let mut last = String::new();
     for i in 0..10 {
         last = service
-            .put(weighted(&service, f64::from(i + 2)), true)
+            .put([Ok(weighted(&service, f64::from(i + 2)))], true)
             .unwrap()
             .0;
     }
@@ -186,7 +186,7 @@ fn set_epoch_len_never_undoes_an_activation() {
 fn opening_never_replaces_an_active_population() {
     let fixture = Fixture::new();
     let first = fixture.open();
-    let (id, _) = first.put(weighted(&first, 3.0), true).unwrap();
+    let (id, _) = first.put([Ok(weighted(&first, 3.0))], true).unwrap();
     assert_eq!(fixture.open().active().unwrap().population, id);
 }
 
@@ -195,7 +195,7 @@ fn removed_populations_are_gone_on_every_replica() {
     let fixture = Fixture::new();
     let (one, two) = (fixture.open(), fixture.open());
     let original = one.active().unwrap().population;
-    let (other, _) = one.put(weighted(&one, 4.0), false).unwrap();
+    let (other, _) = one.put([Ok(weighted(&one, 4.0))], false).unwrap();
     two.population(&other).unwrap(); // now in the replica's memory too
 
     let err = one.remove_population(&original).unwrap_err();
@@ -228,6 +228,6 @@ fn removed_populations_are_gone_on_every_replica() {
         Err(Error::NotFound(_))
     ));
     // Putting the same table again stores it again, under the same id.
-    assert_eq!(one.put(weighted(&one, 4.0), false).unwrap().0, other);
+    assert_eq!(one.put([Ok(weighted(&one, 4.0))], false).unwrap().0, other);
     two.population(&other).unwrap();
 }

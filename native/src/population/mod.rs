@@ -5,176 +5,200 @@
 //! because the caller only swaps in a population that was built successfully.
 
 mod column_types;
+mod rows;
+mod scratch;
+mod spill;
 mod store;
+mod table;
 mod validate;
+mod writer;
 
+use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Float64Array, RecordBatch, UInt64Array};
-use arrow_schema::{Field, Schema, SchemaRef};
+use arrow_array::{ArrayRef, Float64Array, RecordBatch, UInt32Array, UInt64Array};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::{Error, Result};
 use crate::sampling::AliasTable;
 use crate::storage::CacheSet;
 
+pub use rows::{caches_key, PopulationRows};
+pub use scratch::{library_scratch_dir, TEMP_PREFIX};
 pub use store::{
     canonical, check_population_id, ActivationLock, ActivePopulation, PopulationStore,
 };
+pub use table::MappedTable;
 pub use validate::validate_table;
+pub use writer::{write_population, PopulationWriter, WrittenPopulation};
 
+/// Rows per batch of the default population as it is generated, and of a
+/// population's table as it is read back.
+pub const BATCH_ROWS: usize = 64 * 1024;
+
+/// A population: its table (as supplied, canonical) and its rows file
+/// (records, weights, alias table), both mapped and read in place.
 pub struct Population {
-    /// The table as supplied (or the default table), returned by `get_metadata`.
-    table: RecordBatch,
-    /// Per row: the position of its cache in the `CacheSet`.
-    cache_index: Vec<u32>,
-    sample_ids: Vec<u64>,
-    /// Columns in canonical types (identities UInt64, stored columns as in the
-    /// cache, weight Float64), used to assemble stream batches.
-    canonical: Vec<(String, ArrayRef)>,
-    alias: AliasTable,
+    table: MappedTable,
+    rows: PopulationRows,
+    /// The stored columns and the types the caches hold them in.
+    stored: Vec<(String, DataType)>,
+}
+
+/// A column a stream carries, taken from the population by row.
+pub struct PopulationColumn {
+    pub field: Field,
+    source: ColumnSource,
+}
+
+enum ColumnSource {
+    /// The validated weights, from the rows file.
+    Weight,
+    /// A column of the table, cast to `cast` (a stored column's cache type).
+    Table {
+        array: ArrayRef,
+        cast: Option<DataType>,
+    },
 }
 
 impl Population {
-    /// Every record of every cache once, weight 1.0. The columns are
-    /// `cache_id`, `sample_id`, the stored columns by name (as dataset-rt 0.4.8
-    /// ordered them), `weight`.
-    pub fn full(caches: &CacheSet) -> Result<Self> {
-        let total = caches.total_records() as usize;
-        let mut cache_index = Vec::with_capacity(total);
-        let mut sample_ids = Vec::with_capacity(total);
-        let mut cache_ids = Vec::with_capacity(total);
-        for (i, cache) in caches.caches().iter().enumerate() {
-            cache_index.extend(std::iter::repeat_n(i as u32, cache.len() as usize));
-            cache_ids.extend(std::iter::repeat_n(cache.cache_id(), cache.len() as usize));
-            sample_ids.extend(0..cache.len());
+    /// Map a stored population: its table and rows files (O(1): see
+    /// `MappedTable` and `PopulationRows`).
+    pub fn open(table: &Path, rows: &Path, caches: &CacheSet) -> Result<Self> {
+        let table = MappedTable::open(table)?;
+        let rows = PopulationRows::open(rows, caches)?;
+        if table.num_rows() != rows.len() {
+            return Err(Error::internal(format!(
+                "a population's table has {} rows and its rows file {}",
+                table.num_rows(),
+                rows.len()
+            )));
         }
+        let stored = caches
+            .columns()
+            .iter()
+            .map(|c| (c.name.clone(), c.dtype.arrow()))
+            .collect();
+        Ok(Population {
+            table,
+            rows,
+            stored,
+        })
+    }
+
+    /// Every record of every cache once, weight 1.0, in the library's
+    /// scratch directory (`write_full`, `library_scratch_dir`).
+    pub fn full(caches: &Arc<CacheSet>) -> Result<Self> {
+        Self::write_full(caches, &library_scratch_dir())?.open_unnamed(caches)
+    }
+
+    /// `table` validated and opened as a population, in the library's
+    /// scratch directory (`write_population` streams any number of batches).
+    pub fn from_table(caches: &Arc<CacheSet>, table: RecordBatch) -> Result<Self> {
+        write_population(caches.clone(), &library_scratch_dir(), [Ok(table)])?.open_unnamed(caches)
+    }
+
+    /// Every record of every cache once, weight 1.0, written to `dir` batch
+    /// by batch. The columns are `cache_id`, `sample_id`, the stored columns
+    /// by name (as dataset-rt 0.4.8 ordered them), `weight`.
+    pub fn write_full(caches: &Arc<CacheSet>, dir: &Path) -> Result<WrittenPopulation> {
         let mut fields = vec![
-            Field::new("cache_id", arrow_schema::DataType::UInt64, false),
-            Field::new("sample_id", arrow_schema::DataType::UInt64, false),
-        ];
-        let mut arrays: Vec<ArrayRef> = vec![
-            Arc::new(UInt64Array::from(cache_ids)),
-            Arc::new(UInt64Array::from(sample_ids.clone())),
+            Field::new("cache_id", DataType::UInt64, false),
+            Field::new("sample_id", DataType::UInt64, false),
         ];
         let mut stored: Vec<(usize, &crate::storage::ColumnSpec)> =
             caches.columns().iter().enumerate().collect();
         stored.sort_by(|a, b| a.1.name.cmp(&b.1.name));
-        for (k, spec) in stored {
-            let parts: Vec<&dyn arrow_array::Array> = caches
-                .caches()
-                .iter()
-                .map(|c| c.metadata().column(k + 1).as_ref())
-                .collect();
-            arrays.push(arrow_select::concat::concat(&parts)?);
+        for (_, spec) in &stored {
             fields.push(Field::new(&spec.name, spec.dtype.arrow(), false));
         }
-        arrays.push(Arc::new(Float64Array::from(vec![1.0; total])));
-        fields.push(Field::new("weight", arrow_schema::DataType::Float64, false));
-        let table = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?;
-        let weights = vec![1.0; total];
-        Self::assemble(caches, table, cache_index, sample_ids, &weights)
+        fields.push(Field::new("weight", DataType::Float64, false));
+        let schema = Arc::new(Schema::new(fields));
+        let batches = caches.caches().iter().flat_map(|cache| {
+            let len = cache.len() as usize;
+            let schema = schema.clone();
+            let stored = &stored;
+            (0..len).step_by(BATCH_ROWS).map(move |start| {
+                let n = BATCH_ROWS.min(len - start);
+                let mut arrays: Vec<ArrayRef> = vec![
+                    Arc::new(UInt64Array::from(vec![cache.cache_id(); n])),
+                    Arc::new(UInt64Array::from_iter_values(
+                        start as u64..(start + n) as u64,
+                    )),
+                ];
+                for (k, _) in stored {
+                    arrays.push(cache.metadata().column(k + 1).slice(start, n));
+                }
+                arrays.push(Arc::new(Float64Array::from(vec![1.0; n])));
+                Ok(RecordBatch::try_new(schema.clone(), arrays)?)
+            })
+        });
+        write_population(caches.clone(), dir, batches)
     }
 
-    /// Validate `table` against `caches` and build a population from it.
-    pub fn from_table(caches: &CacheSet, table: RecordBatch) -> Result<Self> {
-        let checked = validate_table(caches, &table)?;
-        Self::assemble(
-            caches,
-            table,
-            checked.cache_index,
-            checked.sample_ids,
-            &checked.weights,
-        )
-    }
-
-    fn assemble(
-        caches: &CacheSet,
-        table: RecordBatch,
-        cache_index: Vec<u32>,
-        sample_ids: Vec<u64>,
-        weights: &[f64],
-    ) -> Result<Self> {
-        let alias = AliasTable::new(weights)?;
-        let cache_ids: Vec<u64> = cache_index
-            .iter()
-            .map(|&i| caches.get(i).cache_id())
-            .collect();
-        let mut canonical: Vec<(String, ArrayRef)> = vec![
-            ("cache_id".into(), Arc::new(UInt64Array::from(cache_ids))),
-            (
-                "sample_id".into(),
-                Arc::new(UInt64Array::from(sample_ids.clone())),
-            ),
-        ];
-        for spec in caches.columns() {
-            let column = table
-                .column_by_name(&spec.name)
-                .ok_or_else(|| Error::population(format!("missing column '{}'", spec.name)))?;
-            canonical.push((
-                spec.name.clone(),
-                arrow_cast::cast(column, &spec.dtype.arrow())?,
-            ));
-        }
-        canonical.push((
-            "weight".into(),
-            Arc::new(Float64Array::from(weights.to_vec())),
-        ));
-        crate::prefetch::huge_pages(&cache_index);
-        crate::prefetch::huge_pages(&sample_ids);
-        Ok(Population {
-            table,
-            cache_index,
-            sample_ids,
-            canonical,
-            alias,
-        })
-    }
-
-    pub fn table(&self) -> &RecordBatch {
-        &self.table
+    /// The table as supplied (canonical), its values checked; its arrays are
+    /// views of the mapped file.
+    pub fn table(&self) -> Result<RecordBatch> {
+        self.table.checked_table()
     }
 
     pub fn num_rows(&self) -> usize {
-        self.cache_index.len()
+        self.rows.len()
     }
 
     pub fn alias(&self) -> &AliasTable {
-        &self.alias
+        self.rows.alias()
+    }
+
+    /// Whether a read found one of the population's files cut under it.
+    pub fn truncated(&self) -> bool {
+        self.table.truncated()
     }
 
     /// The record of population row `row`: (cache position, sample id).
     #[inline]
     pub fn record(&self, row: usize) -> (u32, u64) {
-        (self.cache_index[row], self.sample_ids[row])
+        self.rows.record(row)
     }
 
     /// Ask for row `row`'s `record` ahead of reading it (`crate::prefetch`).
     #[inline]
     pub fn prefetch(&self, row: usize) {
-        if let (Some(ci), Some(sid)) = (self.cache_index.get(row), self.sample_ids.get(row)) {
-            crate::prefetch::prefetch_line(ci);
-            crate::prefetch::prefetch_line(sid);
-        }
+        self.rows.prefetch(row)
     }
 
-    /// A column for stream batches: canonical for identities, stored columns and
-    /// `weight`, as supplied for extra columns.
-    pub fn column(&self, name: &str) -> Option<(Field, ArrayRef)> {
-        if let Some((_, array)) = self.canonical.iter().find(|(n, _)| n == name) {
-            return Some((
-                Field::new(name, array.data_type().clone(), false),
-                array.clone(),
-            ));
-        }
+    /// A column for stream batches: stored columns in their cache type,
+    /// `weight` as Float64, extra columns as supplied.
+    pub fn column(&self, name: &str) -> Result<Option<PopulationColumn>> {
+        let Some(i) = self.table.index_of(name) else {
+            return Ok(None);
+        };
         let schema = self.table.schema();
-        let (i, field) = schema.column_with_name(name)?;
-        Some((field.as_ref().clone(), self.table.column(i).clone()))
+        if name == "weight" {
+            return Ok(Some(PopulationColumn {
+                field: Field::new(name, DataType::Float64, false),
+                source: ColumnSource::Weight,
+            }));
+        }
+        let array = self.table.column(i)?;
+        let cast = self
+            .stored
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.clone());
+        let field = match &cast {
+            Some(dtype) => Field::new(name, dtype.clone(), false),
+            None => schema.field(i).clone(),
+        };
+        Ok(Some(PopulationColumn {
+            field,
+            source: ColumnSource::Table { array, cast },
+        }))
     }
 
     /// The names of the columns a stream may carry: everything in the table.
     pub fn column_names(&self) -> Vec<String> {
-        self.table
-            .schema()
+        self.schema()
             .fields()
             .iter()
             .map(|f| f.name().clone())
@@ -183,5 +207,30 @@ impl Population {
 
     pub fn schema(&self) -> SchemaRef {
         self.table.schema()
+    }
+}
+
+impl PopulationColumn {
+    /// The column's values at population rows `rows`.
+    pub fn take(&self, population: &Population, rows: &[u32]) -> Result<ArrayRef> {
+        match &self.source {
+            ColumnSource::Weight => {
+                let weights = population.rows.weights();
+                Ok(Arc::new(Float64Array::from_iter_values(rows.iter().map(
+                    |&r| weights.get(r as usize).copied().unwrap_or(f64::NAN),
+                ))))
+            }
+            ColumnSource::Table { array, cast } => {
+                let indices = UInt32Array::from(rows.to_vec());
+                let options = arrow_select::take::TakeOptions { check_bounds: true };
+                let taken = arrow_select::take::take(array.as_ref(), &indices, Some(options))?;
+                match cast {
+                    Some(dtype) if taken.data_type() != dtype => {
+                        Ok(arrow_cast::cast(&taken, dtype)?)
+                    }
+                    _ => Ok(taken),
+                }
+            }
+        }
     }
 }

@@ -2,13 +2,17 @@
 //!
 //! ```text
 //! <state_dir>/<dataset>/populations/<id>.arrow   Arrow IPC stream of the table as supplied
+//! <state_dir>/<dataset>/populations/<id>.rows    its records, weights and alias table (rows.rs)
 //! <state_dir>/<dataset>/active.json              {"population": id, "epoch_len": n}
 //! <state_dir>/<dataset>/active.lock              locked while active.json changes
 //! ```
-//! The id is the xxh3-128 of the file's bytes (32 hex digits), so a file is
-//! verified by hashing it, two writers of the same table write the same file,
-//! and every write is a rename of a complete temporary file: concurrent puts of
-//! the same or different tables never corrupt the store.
+//! The id is the xxh3-128 of the `.arrow` file's bytes (32 hex digits), so a
+//! file is verified by hashing it (`verify`), two writers of the same table
+//! write the same file, and every write is a rename of a complete temporary
+//! file: concurrent puts of the same or different tables never corrupt the
+//! store. Both files are written as the table streams in (`writer.rs`) and
+//! mapped when read (`Population::open`); a store written before rows files
+//! existed gets each one built the first time its population is opened.
 //!
 //! Changes of the active pointer (and removals, which must not race with an
 //! activation of the same population) happen under an exclusive lock on
@@ -27,6 +31,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
+use super::PopulationRows;
 use crate::hash::xxh3_128;
 use arrow_array::RecordBatch;
 use arrow_ipc::reader::StreamReader;
@@ -41,7 +46,10 @@ use crate::storage::temp::{remove_abandoned, LockedTemp};
 const POPULATIONS: &str = "populations";
 const ACTIVE: &str = "active.json";
 const ACTIVATION_LOCK: &str = "active.lock";
-const TEMP_PREFIX: &str = ".tmp-";
+use super::scratch::TEMP_PREFIX;
+use super::writer::{write_population, WrittenPopulation};
+use super::{Population, BATCH_ROWS};
+use crate::storage::CacheSet;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -142,6 +150,69 @@ impl PopulationStore {
         self.dir.join(POPULATIONS).join(format!("{id}.arrow"))
     }
 
+    fn rows_path_of(&self, id: &str) -> PathBuf {
+        self.dir.join(POPULATIONS).join(format!("{id}.rows"))
+    }
+
+    /// Where a population being written keeps its scratch files (keeping
+    /// them is then a rename).
+    pub fn scratch_dir(&self) -> PathBuf {
+        self.dir.join(POPULATIONS)
+    }
+
+    /// Store a written population (if it is not stored yet) and return its id.
+    pub fn keep(&self, written: WrittenPopulation) -> Result<String> {
+        let id = written.id.clone();
+        let table = self.path_of(&id);
+        if table.exists() {
+            // Stored again: as recent as a new one for `retain` (best effort).
+            let _ = File::options()
+                .write(true)
+                .open(&table)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        }
+        written.keep_as(&table, &self.rows_path_of(&id))?;
+        Ok(id)
+    }
+
+    /// Map the population `id`. A store written before rows files existed
+    /// has none: it is built once from the table (a full read, checked
+    /// against the id), then kept.
+    pub fn open_population(&self, id: &str, caches: &Arc<CacheSet>) -> Result<Population> {
+        check_population_id(id)?;
+        let table = self.path_of(id);
+        if !table.exists() {
+            return Err(self.not_found(id));
+        }
+        let rows = self.rows_path_of(id);
+        if !rows.exists() {
+            let mapped = super::MappedTable::open(&table)?.checked_table()?;
+            let slices = (0..mapped.num_rows())
+                .step_by(BATCH_ROWS)
+                .map(|start| Ok(mapped.slice(start, BATCH_ROWS.min(mapped.num_rows() - start))));
+            let written = write_population(caches.clone(), &self.scratch_dir(), slices)?;
+            if written.id != id {
+                return Err(Error::corrupt(
+                    &table,
+                    format!("the content hashes to {}, not to its name", written.id),
+                ));
+            }
+            written.keep_as(&table, &rows)?;
+        }
+        Population::open(&table, &rows, caches)
+    }
+
+    /// Check the population `id` in full: its table hashes to its id and its
+    /// rows file matches its checksum.
+    pub fn verify(&self, id: &str) -> Result<()> {
+        self.load(id)?;
+        let rows = self.rows_path_of(id);
+        if rows.exists() {
+            PopulationRows::verify(&rows)?;
+        }
+        Ok(())
+    }
+
     /// Wait for the activation lock (held by other threads or processes only
     /// for the few writes of an activation).
     pub fn lock_activation(&self) -> Result<ActivationLock> {
@@ -157,9 +228,9 @@ impl PopulationStore {
         Ok(ActivationLock { _file: file })
     }
 
-    /// Store `table` (if it is not stored yet) and return its id. The table
-    /// should be `canonical` already (it is made so again here).
-    pub fn put(&self, table: &RecordBatch) -> Result<String> {
+    /// Store `table` whole, without a rows file, as stores were written
+    /// before populations streamed (tests of old stores; the id is the same).
+    pub fn put_table(&self, table: &RecordBatch) -> Result<String> {
         let table = &canonical(table)?;
         let mut bytes = Vec::new();
         {
@@ -246,7 +317,10 @@ impl PopulationStore {
         check_population_id(id)?;
         let path = self.path_of(id);
         match fs::remove_file(&path) {
-            Ok(()) => fsync_dir(&self.dir.join(POPULATIONS)),
+            Ok(()) => {
+                let _ = fs::remove_file(self.rows_path_of(id));
+                fsync_dir(&self.dir.join(POPULATIONS))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(self.not_found(id)),
             Err(e) => Err(Error::io("cannot remove", &path, e)),
         }
@@ -343,9 +417,9 @@ mod tests {
     fn content_addressed_round_trip() {
         let dir = tempfile::tempdir().unwrap();
         let store = PopulationStore::open(dir.path()).unwrap();
-        let a = store.put(&table(1.0)).unwrap();
-        assert_eq!(a, store.put(&table(1.0)).unwrap());
-        let b = store.put(&table(2.0)).unwrap();
+        let a = store.put_table(&table(1.0)).unwrap();
+        assert_eq!(a, store.put_table(&table(1.0)).unwrap());
+        let b = store.put_table(&table(2.0)).unwrap();
         assert_ne!(a, b);
         assert_eq!(store.load(&a).unwrap(), canonical(&table(1.0)).unwrap());
         assert_eq!(store.list().unwrap().len(), 2);
@@ -380,7 +454,7 @@ mod tests {
     fn removal_deletes_the_file_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = PopulationStore::open(dir.path()).unwrap();
-        let id = store.put(&table(1.0)).unwrap();
+        let id = store.put_table(&table(1.0)).unwrap();
         let lock = store.lock_activation().unwrap();
         store.remove(&lock, &id).unwrap();
         assert!(!store.contains(&id) && store.list().unwrap().is_empty());
@@ -414,7 +488,7 @@ mod tests {
         assert_eq!((temps(dir.path()), temps(&populations)), (0, 1));
         assert!(live.path().exists());
         drop(live);
-        store.put(&table(3.0)).unwrap();
+        store.put_table(&table(3.0)).unwrap();
         assert_eq!(temps(&populations), 1, "writes do not scan the store");
         PopulationStore::open(dir.path()).unwrap();
         assert_eq!(temps(&populations), 0);
@@ -431,7 +505,7 @@ mod tests {
         assert!(!missing.exists());
         let id = PopulationStore::open(dir.path())
             .unwrap()
-            .put(&table(1.0))
+            .put_table(&table(1.0))
             .unwrap();
         let leftover = dir.path().join(".tmp-1-0-0");
         fs::write(&leftover, b"half a table").unwrap();
@@ -456,7 +530,7 @@ mod tests {
         let store = PopulationStore::open(dir.path()).unwrap();
         let ids: Vec<String> = (1..=5)
             .map(|w| {
-                let id = store.put(&table(w as f64)).unwrap();
+                let id = store.put_table(&table(w as f64)).unwrap();
                 // Distinct times even on a file system with coarse ones.
                 let when = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(w);
                 File::options()

@@ -21,12 +21,14 @@ pub struct CheckedRows {
     pub weights: Vec<f64>,
 }
 
+/// The refusal of a table without rows.
+pub(super) const EMPTY_TABLE: &str =
+    "metadata table must include at least one sample: the table is empty (0 rows)";
+
 pub fn validate_table(caches: &CacheSet, table: &RecordBatch) -> Result<CheckedRows> {
-    check_unique_columns(table)?;
+    check_unique_columns(&table.schema())?;
     if table.num_rows() == 0 {
-        return Err(Error::population(
-            "metadata table must include at least one sample: the table is empty (0 rows)",
-        ));
+        return Err(Error::population(EMPTY_TABLE));
     }
     if table.num_rows() > u32::MAX as usize {
         return Err(Error::population(format!(
@@ -61,8 +63,7 @@ pub fn validate_table(caches: &CacheSet, table: &RecordBatch) -> Result<CheckedR
 
 /// Columns are found by name, so a second column of the same name would be
 /// stored and served without ever being checked (a second `weight` of -5.0).
-fn check_unique_columns(table: &RecordBatch) -> Result<()> {
-    let schema = table.schema();
+pub(super) fn check_unique_columns(schema: &arrow_schema::Schema) -> Result<()> {
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
     for (i, name) in names.iter().enumerate() {
         if names[..i].contains(name) {

@@ -6,7 +6,6 @@ use std::ffi::CStr;
 
 use arrow_array::ffi_stream::{FFI_ArrowArrayStream, RecordBatchStreamReader};
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
-use arrow_schema::SchemaRef;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
@@ -23,16 +22,12 @@ pub fn export_stream<'py>(
     PyCapsule::new_with_value(py, FFI_ArrowArrayStream::new(reader), STREAM_CAPSULE)
 }
 
-/// Read every batch of any object exporting `__arrow_c_stream__`.
-pub fn import_table(obj: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBatch>)> {
-    let reader = import_stream(obj, Error::population)?;
-    let schema = reader.schema();
-    let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| {
-        to_pyerr(Error::population(format!(
-            "cannot read the Arrow stream: {e}"
-        )))
-    })?;
-    Ok((schema, batches))
+/// A batch of an imported stream, or the population error that it could not
+/// be read (the source failed: a LazyFrame's query, a file).
+pub fn stream_batch(
+    batch: std::result::Result<RecordBatch, arrow_schema::ArrowError>,
+) -> crate::error::Result<RecordBatch> {
+    batch.map_err(|e| Error::population(format!("cannot read the Arrow stream: {e}")))
 }
 
 /// The stream of any object exporting `__arrow_c_stream__`, read batch by
@@ -100,8 +95,4 @@ impl ArrowTable {
     fn __len__(&self) -> usize {
         self.batch.num_rows()
     }
-}
-
-pub fn concat(schema: &SchemaRef, batches: &[RecordBatch]) -> PyResult<RecordBatch> {
-    arrow_select::concat::concat_batches(schema, batches).map_err(|e| to_pyerr(Error::from(e)))
 }

@@ -14,7 +14,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyString, PyType};
 
 use super::args::{identity, positive, positive_usize_or, unsigned};
-use super::arrow::{concat, export_stream, import_table, ArrowTable};
+use super::arrow::{export_stream, import_stream, stream_batch, ArrowTable};
 use super::config::ReaderOptions;
 use super::errors::{to_pyerr, Failure, IntoPyResult};
 use super::Runtime;
@@ -168,17 +168,13 @@ impl Dataset {
     }
 
     fn metadata(&self) -> PyResult<ArrowTable> {
-        Ok(ArrowTable::new(
-            self.inner.population().py()?.table().clone(),
-        ))
+        Ok(ArrowTable::new(self.inner.population().py()?.table().py()?))
     }
 
     fn update_metadata(&self, py: Python<'_>, table: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (schema, batches) = import_table(table)?;
-        let batch = concat(&schema, &batches)?;
-        let caches = self.inner.caches().clone();
-        let population = py.detach(|| Population::from_table(&caches, batch)).py()?;
-        self.inner.activate(population).py()
+        let reader = import_stream(table, Error::population)?;
+        py.detach(|| self.inner.update(reader.map(stream_batch)))
+            .py()
     }
 
     fn set_epoch_len(&self, epoch_len: &Bound<'_, PyAny>) -> PyResult<()> {

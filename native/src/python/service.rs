@@ -8,7 +8,7 @@ use arrow_array::RecordBatch;
 use pyo3::prelude::*;
 
 use super::args::{positive, positive_usize_or};
-use super::arrow::{concat, import_table, ArrowTable};
+use super::arrow::{import_stream, stream_batch, ArrowTable};
 use super::dataset::BatchStream;
 use super::errors::IntoPyResult;
 use super::request::StreamRequest;
@@ -119,17 +119,21 @@ impl DatasetService {
         py.detach(|| self.inner.populations()).py()
     }
 
-    /// Validate and store a table; returns `(population id, rows)`.
+    /// Validate and store a table, read batch by batch from any Arrow C
+    /// stream (a Flight `do_put` reader, a table, a LazyFrame's batches);
+    /// returns `(population id, rows)`.
     fn put(
         &self,
         py: Python<'_>,
         table: &Bound<'_, PyAny>,
         activate: bool,
     ) -> PyResult<(String, u64)> {
-        let (schema, batches) = import_table(table)?;
-        let batch: RecordBatch = concat(&schema, &batches)?;
+        let reader = import_stream(table, Error::population)?;
         let (id, rows, activation) = py
-            .detach(|| self.inner.put_holding_activation(batch, activate))
+            .detach(|| {
+                self.inner
+                    .put_holding_activation(reader.map(stream_batch), activate)
+            })
             .py()?;
         // Let go of the activation lock only now that this thread holds the
         // GIL again: Python code that records the acknowledgement right after
@@ -163,7 +167,7 @@ impl DatasetService {
                     }
                     None => self.inner.active()?.population,
                 };
-                self.inner.population(&id).map(|p| p.table().clone())
+                self.inner.population(&id).and_then(|p| p.table())
             })
             .py()?;
         Ok(ArrowTable::new(table))

@@ -23,6 +23,7 @@ mod pread;
 mod profile;
 pub(crate) mod publish;
 mod schema;
+mod slab;
 pub(crate) mod temp;
 mod writer;
 
@@ -36,6 +37,7 @@ pub use pipeline::WritePipeline;
 pub use profile::{timed, Stage, StageTotals, WriteProfile};
 pub use publish::{check_source_names, validate_source_name, EMPTY_SOURCE};
 pub use schema::{ColumnSpec, MetaType, MetaValue, SchemaBinder};
+pub use slab::{arrow_buffer, Plain, Slab};
 pub use writer::{CacheWriter, WriterOptions};
 
 /// Records at least this large are read with `pread` rather than through the

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, LargeBinaryArray, RecordBatch, UInt32Array, UInt64Array};
+use arrow_array::{ArrayRef, LargeBinaryArray, RecordBatch, UInt64Array};
 use arrow_buffer::{NullBufferBuilder, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::buffers::BufferPool;
 use crate::error::{Error, Result};
-use crate::population::Population;
+use crate::population::{Population, PopulationColumn};
 use crate::sampling::{StreamOrder, StreamWindow};
 use crate::storage::{mapped, CacheSet};
 
@@ -60,7 +60,7 @@ pub struct BatchContext {
     pub order: StreamOrder,
     pub window: StreamWindow,
     /// Extra columns, taken from the population by row.
-    pub columns: Vec<(Field, ArrayRef)>,
+    pub columns: Vec<PopulationColumn>,
     pub schema: SchemaRef,
     /// Whether batches carry the records' bytes; without, no record is read.
     pub payload: bool,
@@ -86,21 +86,21 @@ impl BatchContext {
             if BASE_COLUMNS.contains(&name.as_str())
                 || columns
                     .iter()
-                    .any(|(f, _): &(Field, ArrayRef)| f.name() == name)
+                    .any(|c: &PopulationColumn| c.field.name() == name)
             {
                 return Err(Error::invalid(format!(
                     "column '{name}' is requested twice or is always included ({})",
                     BASE_COLUMNS.join(", ")
                 )));
             }
-            let (field, array) = population.column(name).ok_or_else(|| {
+            let column = population.column(name)?.ok_or_else(|| {
                 Error::invalid(format!(
                     "unknown column '{name}'; the population's columns are [{}]",
                     population.column_names().join(", ")
                 ))
             })?;
-            fields.push(field.clone());
-            columns.push((field, array));
+            fields.push(column.field.clone());
+            columns.push(column);
         }
         Ok(BatchContext {
             caches,
@@ -291,11 +291,8 @@ impl BatchContext {
                 nulls.and_then(|mut nulls| nulls.finish()),
             )));
         }
-        if !self.columns.is_empty() {
-            let indices = UInt32Array::from(rows.to_vec());
-            for (_, array) in &self.columns {
-                arrays.push(arrow_select::take::take(array.as_ref(), &indices, None)?);
-            }
+        for column in &self.columns {
+            arrays.push(column.take(&self.population, rows)?);
         }
         Ok(RecordBatch::try_new(self.schema.clone(), arrays)?)
     }

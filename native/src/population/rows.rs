@@ -1,0 +1,360 @@
+//! The rows file of a population (`<id>.rows`): per row its record, its weight
+//! and its alias-table column, 24 bytes, mapped and read in place.
+//!
+//! ```text
+//! offset 0    header, 64 bytes (little-endian):
+//!               magic "DRTROWS1" | version u32 = 1 | reserved u32
+//!               rows u64 | caches key u64 | weights offset u64 | alias offset u64
+//!               file length u64 | xxh3-64 of bytes 64..file length
+//! offset 64   keys:    rows x u64   cache position << 40 | sample id
+//! (64-aligned) weights: rows x f64   the weight as validated
+//! (64-aligned) alias:   rows x (u32 threshold, u32 alias)
+//! ```
+//! The caches key is the xxh3 of the cache ids in the dataset's order (the
+//! order cache positions refer to). Opening checks the header, the lengths and
+//! the caches key, O(1): a truncated or foreign file is refused at once. The
+//! checksum is verified on request (`verify`), like a cache's file checksums;
+//! a value damaged on disk can only send a read to a record that does not
+//! exist, which the cache refuses (never a crash).
+//!
+//! The file is written as the table streams in: keys go to the file, weights
+//! to a second one; `finish` appends the weights, builds the alias table in
+//! place in the mapped file (Vose's lists in a mapped scratch file) and writes
+//! the header last, so a file is complete when its header says so.
+
+use std::fs::File;
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use memmap2::MmapMut;
+
+use super::scratch::ScratchFile;
+use crate::error::{Error, IoContext, Result};
+use crate::hash::{xxh3_64, Xxh3};
+use crate::sampling::{build_alias, AliasColumn, AliasTable};
+use crate::storage::mapped::MappedFile;
+use crate::storage::{CacheSet, Slab};
+
+const MAGIC: &[u8; 8] = b"DRTROWS1";
+const VERSION: u32 = 1;
+const HEADER: usize = 64;
+/// Bits of a key that hold the sample id; the cache position is above them.
+const SAMPLE_BITS: u32 = 40;
+const SAMPLE_MASK: u64 = (1 << SAMPLE_BITS) - 1;
+/// Sample ids and cache positions a key can hold.
+pub const MAX_SAMPLE_ID: u64 = SAMPLE_MASK;
+pub const MAX_CACHES: usize = 1 << (64 - SAMPLE_BITS);
+const WRITE_BUFFER: usize = 1 << 20;
+
+/// A population's records, weights and alias table, mapped.
+pub struct PopulationRows {
+    keys: Slab<u64>,
+    weights: Slab<f64>,
+    alias: AliasTable,
+    /// The last cache position: a damaged key never names a cache past it.
+    last_cache: u32,
+    map: Arc<MappedFile>,
+}
+
+/// The xxh3 of `caches`' ids in order: which caches, in which order, cache
+/// positions in a rows file refer to.
+pub fn caches_key(caches: &CacheSet) -> u64 {
+    let mut key = Xxh3::new();
+    for cache in caches.caches() {
+        key.update(&cache.cache_id().to_le_bytes());
+    }
+    key.digest()
+}
+
+struct Header {
+    rows: u64,
+    caches_key: u64,
+    weights: u64,
+    alias: u64,
+    len: u64,
+    checksum: u64,
+}
+
+impl Header {
+    fn layout(rows: u64) -> (u64, u64, u64) {
+        let align = |x: u64| x.div_ceil(64) * 64;
+        let weights = align(HEADER as u64 + rows * 8);
+        let alias = align(weights + rows * 8);
+        (weights, alias, alias + rows * 8)
+    }
+
+    fn bytes(&self) -> [u8; HEADER] {
+        let mut out = [0u8; HEADER];
+        out[..8].copy_from_slice(MAGIC);
+        out[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let words = [
+            self.rows,
+            self.caches_key,
+            self.weights,
+            self.alias,
+            self.len,
+            self.checksum,
+        ];
+        for (i, word) in words.iter().enumerate() {
+            out[16 + 8 * i..24 + 8 * i].copy_from_slice(&word.to_le_bytes());
+        }
+        out
+    }
+
+    fn parse(bytes: &[u8]) -> std::result::Result<Self, String> {
+        if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+            return Err("not a population rows file (no DRTROWS1 header)".into());
+        }
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[16 + 8 * i..24 + 8 * i]);
+            u64::from_le_bytes(w)
+        };
+        let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+        if version != VERSION {
+            return Err(format!(
+                "rows file version {version}; this build reads version {VERSION}"
+            ));
+        }
+        let header = Header {
+            rows: word(0),
+            caches_key: word(1),
+            weights: word(2),
+            alias: word(3),
+            len: word(4),
+            checksum: word(5),
+        };
+        if header.rows == 0 || header.rows > u32::MAX as u64 {
+            return Err(format!("the header says {} rows", header.rows));
+        }
+        if Header::layout(header.rows) != (header.weights, header.alias, header.len) {
+            return Err("the header's section offsets do not match its row count".into());
+        }
+        Ok(header)
+    }
+}
+
+impl PopulationRows {
+    /// Map the rows file at `path`, written for `caches`. O(1): the header,
+    /// the file's length and the caches are checked, nothing is read per row.
+    pub fn open(path: &Path, caches: &CacheSet) -> Result<Self> {
+        let file = File::open(path).at("cannot open", path)?;
+        let damaged = |detail: String| Error::corrupt(path, detail);
+        let len = file.metadata().at("cannot stat", path)?.len();
+        if len < HEADER as u64 {
+            return Err(damaged(format!("{len} bytes, shorter than its header")));
+        }
+        let map = Arc::new(MappedFile::map(&file).at("cannot map", path)?);
+        let header = Header::parse(&map).map_err(damaged)?;
+        if header.len != len {
+            return Err(damaged(format!(
+                "{len} bytes where its header says {}: the file is truncated or was \
+                 written over",
+                header.len
+            )));
+        }
+        if header.caches_key != caches_key(caches) {
+            return Err(damaged(
+                "the file was built for other caches (or another order of them)".into(),
+            ));
+        }
+        let rows = header.rows as usize;
+        let keys = Slab::mapped(&map, HEADER, rows).map_err(damaged)?;
+        let weights = Slab::mapped(&map, header.weights as usize, rows).map_err(damaged)?;
+        let alias = Slab::mapped(&map, header.alias as usize, rows).map_err(damaged)?;
+        for slab_start in [HEADER, header.weights as usize, header.alias as usize] {
+            crate::prefetch::huge_pages(&map[slab_start..]);
+        }
+        Ok(PopulationRows {
+            keys,
+            weights,
+            alias: AliasTable::stored(alias),
+            last_cache: caches.caches().len().saturating_sub(1) as u32,
+            map,
+        })
+    }
+
+    /// Check the file's checksum (a full read of the file).
+    pub fn verify(path: &Path) -> Result<()> {
+        let bytes = std::fs::read(path).at("cannot read", path)?;
+        let header = Header::parse(&bytes).map_err(|d| Error::corrupt(path, d))?;
+        if header.len != bytes.len() as u64 || xxh3_64(&bytes[HEADER..]) != header.checksum {
+            return Err(Error::corrupt(
+                path,
+                "its content does not match its checksum",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    pub fn alias(&self) -> &AliasTable {
+        &self.alias
+    }
+
+    pub fn weights(&self) -> &[f64] {
+        &self.weights
+    }
+
+    /// The weights as an Arrow buffer over the mapping (no copy).
+    pub fn weights_buffer(&self) -> Option<arrow_buffer::Buffer> {
+        let start = self.weights.as_ptr() as usize - self.map.as_ptr() as usize;
+        crate::storage::arrow_buffer(&self.map, start, self.weights.len() * 8)
+    }
+
+    /// Row `row`'s record: (cache position, sample id). A row past the end or
+    /// a damaged key gives a record the cache refuses, never a bad position.
+    #[inline]
+    pub fn record(&self, row: usize) -> (u32, u64) {
+        let key = self.keys.get(row).copied().unwrap_or(u64::MAX);
+        (
+            ((key >> SAMPLE_BITS) as u32).min(self.last_cache),
+            key & SAMPLE_MASK,
+        )
+    }
+
+    #[inline]
+    pub fn prefetch(&self, row: usize) {
+        if let Some(key) = self.keys.get(row) {
+            crate::prefetch::prefetch_line(key);
+        }
+    }
+}
+
+/// Writes a rows file as validated rows stream in.
+pub struct RowsWriter {
+    keys: BufWriter<File>,
+    keys_file: ScratchFile,
+    weights: BufWriter<File>,
+    weights_file: ScratchFile,
+    rows: u64,
+    /// The weights' sum in row order (the alias table's total).
+    total: f64,
+}
+
+impl RowsWriter {
+    pub fn create(dir: &Path) -> Result<Self> {
+        let keys_file = ScratchFile::create(dir)?;
+        let weights_file = ScratchFile::create(dir)?;
+        let mut keys = BufWriter::with_capacity(WRITE_BUFFER, keys_file.file()?);
+        keys.write_all(&[0u8; HEADER])
+            .at("cannot write", keys_file.path())?;
+        let weights = BufWriter::with_capacity(WRITE_BUFFER, weights_file.file()?);
+        Ok(RowsWriter {
+            keys,
+            keys_file,
+            weights,
+            weights_file,
+            rows: 0,
+            total: 0.0,
+        })
+    }
+
+    /// Append validated rows: each row's cache position, sample id and weight.
+    pub fn push(&mut self, cache_index: &[u32], sample_ids: &[u64], weights: &[f64]) -> Result<()> {
+        for (&ci, &sid) in cache_index.iter().zip(sample_ids) {
+            if sid > MAX_SAMPLE_ID || ci as usize >= MAX_CACHES {
+                return Err(Error::invalid(format!(
+                    "record (cache {ci}, sample {sid}) is past what a population row can \
+                     name ({MAX_CACHES} caches of {MAX_SAMPLE_ID} records)"
+                )));
+            }
+            let key = (u64::from(ci) << SAMPLE_BITS) | sid;
+            self.keys
+                .write_all(&key.to_le_bytes())
+                .at("cannot write", self.keys_file.path())?;
+        }
+        for &w in weights {
+            self.total += w;
+            self.weights
+                .write_all(&w.to_le_bytes())
+                .at("cannot write", self.weights_file.path())?;
+        }
+        self.rows += cache_index.len() as u64;
+        Ok(())
+    }
+
+    /// Complete the file: the weights after the keys, the alias table built in
+    /// place, the header last, fsynced. Returns the complete file (still a
+    /// scratch file: the caller renames it into place or drops it).
+    pub fn finish(self, caches: &CacheSet) -> Result<ScratchFile> {
+        let RowsWriter {
+            keys,
+            keys_file,
+            weights,
+            weights_file,
+            rows,
+            total,
+        } = self;
+        let path = keys_file.path().to_path_buf();
+        let mut out = keys
+            .into_inner()
+            .map_err(|e| Error::io("cannot write", &path, std::io::Error::other(e.to_string())))?;
+        let mut weights_in = weights
+            .into_inner()
+            .map_err(|e| Error::io("cannot write", &path, std::io::Error::other(e.to_string())))?;
+        let (weights_at, alias_at, len) = Header::layout(rows);
+        out.set_len(weights_at).at("cannot write", &path)?;
+        out.seek(SeekFrom::Start(weights_at))
+            .at("cannot write", &path)?;
+        weights_in
+            .seek(SeekFrom::Start(0))
+            .at("cannot read", weights_file.path())?;
+        // copy_file_range on Linux: the kernel moves the pages.
+        std::io::copy(&mut weights_in, &mut out).at("cannot write", &path)?;
+        drop(weights_file);
+        out.set_len(len).at("cannot write", &path)?;
+        {
+            // SAFETY: a scratch file of ours, locked, that nobody else maps.
+            let mut map = unsafe { MmapMut::map_mut(&out) }.at("cannot map", &path)?;
+            let stack_file = ScratchFile::create(path.parent().unwrap_or(Path::new(".")))?;
+            let stack_handle = stack_file.file()?;
+            stack_handle
+                .set_len(rows.max(1) * 4)
+                .at("cannot write", stack_file.path())?;
+            // SAFETY: as above.
+            let mut stack_map =
+                unsafe { MmapMut::map_mut(&stack_handle) }.at("cannot map", stack_file.path())?;
+            let n = rows as usize;
+            let (head, alias_bytes) = map.split_at_mut(alias_at as usize);
+            let weights: &[f64] = cast(&head[weights_at as usize..weights_at as usize + n * 8]);
+            let columns: &mut [AliasColumn] = cast_mut(&mut alias_bytes[..n * 8]);
+            let stack: &mut [u32] = cast_mut(&mut stack_map[..n * 4]);
+            build_alias(weights, total, columns, stack)?;
+            let checksum = xxh3_64(&map[HEADER..]);
+            let header = Header {
+                rows,
+                caches_key: caches_key(caches),
+                weights: weights_at,
+                alias: alias_at,
+                len,
+                checksum,
+            };
+            map[..HEADER].copy_from_slice(&header.bytes());
+            map.flush().at("cannot fsync", &path)?;
+        }
+        out.sync_all().at("cannot fsync", &path)?;
+        Ok(keys_file)
+    }
+}
+
+fn cast<T: crate::storage::Plain>(bytes: &[u8]) -> &[T] {
+    // SAFETY: the mapping is page-aligned and the sections 64-aligned; `T` is
+    // plain data and the length is a whole number of values.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), bytes.len() / size_of::<T>()) }
+}
+
+fn cast_mut<T: crate::storage::Plain>(bytes: &mut [u8]) -> &mut [T] {
+    // SAFETY: as in `cast`; the slice is borrowed mutably once.
+    unsafe {
+        std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len() / size_of::<T>())
+    }
+}

@@ -1,0 +1,75 @@
+//! `ScratchFile`: a temporary file of a population being written, locked
+//! while it lives (`storage::temp`: a writer killed mid-put leaves a file the
+//! next opening of the store removes) and removed when dropped unless it was
+//! renamed into place.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, IoContext, Result};
+use crate::storage::publish::fsync_dir;
+use crate::storage::temp::LockedTemp;
+
+/// The prefix of every temporary entry of a population store.
+pub const TEMP_PREFIX: &str = ".tmp-";
+
+pub struct ScratchFile {
+    temp: Option<LockedTemp>,
+}
+
+impl ScratchFile {
+    pub fn create(dir: &Path) -> Result<Self> {
+        Ok(ScratchFile {
+            temp: Some(LockedTemp::create_file(dir, TEMP_PREFIX)?),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.temp.as_ref().map_or(Path::new(""), |t| t.path())
+    }
+
+    /// Another handle to the open file (the lock stays with this value).
+    pub fn file(&self) -> Result<File> {
+        let temp = self
+            .temp
+            .as_ref()
+            .ok_or_else(|| Error::internal("a scratch file was used after it was kept"))?;
+        temp.file().try_clone().at("cannot open", temp.path())
+    }
+
+    /// Rename the file to `path` (its directory fsynced), unless `path`
+    /// exists already: a content-addressed file is the same whoever wrote it.
+    pub fn keep_as(mut self, path: &Path) -> Result<PathBuf> {
+        let Some(temp) = self.temp.take() else {
+            return Err(Error::internal("a scratch file was kept twice"));
+        };
+        if !path.exists() {
+            std::fs::rename(temp.path(), path).at("cannot rename into place", path)?;
+            if let Some(dir) = path.parent() {
+                fsync_dir(dir)?;
+            }
+        } else {
+            let _ = std::fs::remove_file(temp.path());
+        }
+        Ok(path.to_path_buf())
+    }
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        if let Some(temp) = self.temp.take() {
+            // At once, while it is still locked: a failed put gives its space back.
+            let _ = std::fs::remove_file(temp.path());
+        }
+    }
+}
+
+/// Where the in-process library writes the populations it opens (and
+/// unlinks at once: the mappings keep them): `DATASET_RT_SCRATCH`, or the
+/// system's temporary directory. Put it on a disk, not a RAM-backed tmpfs,
+/// for populations larger than memory (docs/large-datasets.md).
+pub fn library_scratch_dir() -> PathBuf {
+    std::env::var_os("DATASET_RT_SCRATCH")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+}

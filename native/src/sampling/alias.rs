@@ -1,0 +1,259 @@
+//! Weighted sampling with replacement in O(1) per draw: Vose's alias table.
+//!
+//! The table is built once per population, in place in the memory it will be
+//! read from (`build_alias`): a section of the population's mapped rows file,
+//! so that a 10^9-row table costs disk and page cache, not process memory. The
+//! same function builds the tables of vectors (`AliasTable::new`), so both give
+//! the same table, entry for entry, for the same weights.
+
+use crate::error::{Error, Result};
+use crate::storage::{Plain, Slab};
+
+/// One column of the table: kept when the 32-bit fraction is below
+/// `threshold`, otherwise `alias` is drawn. Eight bytes, so a draw touches one
+/// cache line; the layout is the rows file's (docs/storage-format.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct AliasColumn {
+    pub threshold: u32,
+    pub alias: u32,
+}
+
+// SAFETY: two u32s, no padding, any bit pattern valid.
+unsafe impl Plain for AliasColumn {}
+
+impl AliasColumn {
+    /// While the table is built, an unfinished column holds its scaled weight.
+    fn scaled(self) -> f64 {
+        f64::from_bits(u64::from(self.threshold) | (u64::from(self.alias) << 32))
+    }
+
+    fn holding(scaled: f64) -> Self {
+        let bits = scaled.to_bits();
+        AliasColumn {
+            threshold: bits as u32,
+            alias: (bits >> 32) as u32,
+        }
+    }
+}
+
+/// Fill `columns` (one per weight) with the alias table of `weights`, whose sum
+/// in row order is `total`. `stack` (as long as `weights`) is working space:
+/// Vose's small and large lists, growing from its two ends. Weights are finite
+/// and > 0 (the population validates them).
+pub fn build_alias(
+    weights: &[f64],
+    total: f64,
+    columns: &mut [AliasColumn],
+    stack: &mut [u32],
+) -> Result<()> {
+    let n = weights.len();
+    if n == 0 {
+        return Err(Error::invalid("cannot sample from an empty population"));
+    }
+    if n > u32::MAX as usize {
+        return Err(Error::invalid(format!(
+            "a population holds at most {} rows, got {n}",
+            u32::MAX
+        )));
+    }
+    if columns.len() != n || stack.len() != n {
+        return Err(Error::internal(
+            "an alias table needs a column and a stack slot per weight",
+        ));
+    }
+    if !total.is_finite() || total <= 0.0 {
+        return Err(Error::population(format!(
+            "the weights sum to {total}; their sum must be finite and > 0 \
+             (scale the weights down)"
+        )));
+    }
+    let scale = n as f64 / total;
+    // small: stack[..small]; large: stack[n - large..], its top at n - large.
+    let (mut small, mut large) = (0usize, 0usize);
+    for (i, &w) in weights.iter().enumerate() {
+        let p = w * scale;
+        columns[i] = AliasColumn::holding(p);
+        if p < 1.0 {
+            stack[small] = i as u32;
+            small += 1;
+        } else {
+            large += 1;
+            stack[n - large] = i as u32;
+        }
+    }
+    while small > 0 && large > 0 {
+        small -= 1;
+        let s = stack[small] as usize;
+        let l = stack[n - large] as usize;
+        let p_s = columns[s].scaled();
+        columns[s] = AliasColumn {
+            threshold: fraction_to_threshold(p_s),
+            alias: l as u32,
+        };
+        let p_l = columns[l].scaled() - (1.0 - p_s);
+        columns[l] = AliasColumn::holding(p_l);
+        if p_l < 1.0 {
+            large -= 1;
+            stack[small] = l as u32;
+            small += 1;
+        }
+    }
+    // Whatever remains is 1.0 up to rounding: those columns keep themselves
+    // (a column that keeps itself has itself as alias, so its threshold does
+    // not matter).
+    for &i in stack[..small].iter().chain(&stack[n - large..]) {
+        columns[i as usize] = AliasColumn {
+            threshold: u32::MAX,
+            alias: i,
+        };
+    }
+    Ok(())
+}
+
+fn fraction_to_threshold(p: f64) -> u32 {
+    if p >= 1.0 {
+        u32::MAX
+    } else if p <= 0.0 {
+        0
+    } else {
+        (p * 4_294_967_296.0) as u32
+    }
+}
+
+/// The alias table of a population, read where it is stored.
+pub struct AliasTable {
+    columns: Slab<AliasColumn>,
+}
+
+impl AliasTable {
+    /// Build from weights that are finite and > 0, in memory.
+    pub fn new(weights: &[f64]) -> Result<Self> {
+        let total: f64 = weights.iter().sum();
+        let mut columns = vec![
+            AliasColumn {
+                threshold: 0,
+                alias: 0
+            };
+            weights.len()
+        ];
+        let mut stack = vec![0u32; weights.len()];
+        build_alias(weights, total, &mut columns, &mut stack)?;
+        crate::prefetch::huge_pages(&columns);
+        Ok(AliasTable {
+            columns: Slab::from_vec(columns),
+        })
+    }
+
+    /// A table built by `build_alias` where `columns` holds it.
+    pub fn stored(columns: Slab<AliasColumn>) -> Self {
+        AliasTable { columns }
+    }
+
+    pub fn len(&self) -> usize {
+        self.columns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.columns.is_empty()
+    }
+
+    /// The row drawn by the random word `word`: of the 128-bit product
+    /// `word * rows`, the high 64 bits pick the column and the next 32 bits
+    /// (bits 32..64) are the fraction; the column is kept when the fraction is
+    /// below its threshold, otherwise its alias is drawn.
+    #[inline]
+    pub fn sample(&self, word: u64) -> usize {
+        let product = word as u128 * self.columns.len() as u128;
+        let column = self.columns[(product >> 64) as usize];
+        let fraction = ((product as u64) >> 32) as u32;
+        if fraction < column.threshold {
+            (product >> 64) as usize
+        } else {
+            column.alias as usize
+        }
+    }
+
+    /// Draw the rows of many words at once: the table entries of a block are
+    /// prefetched before any is read, so their cache misses overlap instead of
+    /// being paid one after another. Same results as `sample` word by word.
+    pub fn sample_many(&self, words: impl Iterator<Item = u64>, out: &mut Vec<u32>) {
+        const BLOCK: usize = 32;
+        let columns: &[AliasColumn] = &self.columns;
+        let n = columns.len() as u128;
+        let mut products = [0u128; BLOCK];
+        let mut words = words.peekable();
+        while words.peek().is_some() {
+            let mut filled = 0;
+            for (slot, word) in products.iter_mut().zip(words.by_ref()) {
+                *slot = word as u128 * n;
+                crate::prefetch::prefetch_line(&columns[(*slot >> 64) as usize]);
+                filled += 1;
+            }
+            for &product in &products[..filled] {
+                let column = (product >> 64) as usize;
+                let entry = columns[column];
+                let fraction = ((product as u64) >> 32) as u32;
+                out.push(if fraction < entry.threshold {
+                    column as u32
+                } else {
+                    entry.alias
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Vose's algorithm as it was written before the table moved into files
+    /// (two vectors of indices, a vector of scaled weights): the tables of
+    /// stored populations and the streams drawn from them must not change.
+    fn reference(weights: &[f64]) -> Vec<AliasColumn> {
+        let n = weights.len();
+        let total: f64 = weights.iter().sum();
+        let scale = n as f64 / total;
+        let mut scaled: Vec<f64> = weights.iter().map(|w| w * scale).collect();
+        let (mut small, mut large) = (Vec::new(), Vec::new());
+        for (i, &p) in scaled.iter().enumerate() {
+            if p < 1.0 {
+                small.push(i);
+            } else {
+                large.push(i);
+            }
+        }
+        let mut columns: Vec<AliasColumn> = (0..n as u32)
+            .map(|i| AliasColumn {
+                threshold: u32::MAX,
+                alias: i,
+            })
+            .collect();
+        while let (Some(&s), Some(&l)) = (small.last(), large.last()) {
+            small.pop();
+            columns[s] = AliasColumn {
+                threshold: fraction_to_threshold(scaled[s]),
+                alias: l as u32,
+            };
+            scaled[l] -= 1.0 - scaled[s];
+            if scaled[l] < 1.0 {
+                large.pop();
+                small.push(l);
+            }
+        }
+        columns
+    }
+
+    proptest! {
+        #[test]
+        fn the_table_built_in_place_is_the_reference_table(
+            weights in prop::collection::vec(
+                prop_oneof![Just(1.0), 0.001f64..1000.0, Just(1e-9), Just(7.5)], 1..400)
+        ) {
+            let table = AliasTable::new(&weights).unwrap();
+            prop_assert_eq!(&*table.columns, &reference(&weights)[..]);
+        }
+    }
+}

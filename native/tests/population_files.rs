@@ -1,0 +1,263 @@
+#![allow(clippy::unwrap_used, clippy::manual_is_multiple_of)]
+//! Populations as files, written as they stream: the id of a table streamed
+//! in any batching is the id of the table stored whole (old ids stay valid),
+//! refusals count the failing rows of the whole table, a store written before
+//! rows files existed still opens, and a damaged file is refused, not a crash.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::builder::{Int32Builder, ListBuilder};
+use arrow_array::types::Int32Type;
+use arrow_array::{
+    ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, DictionaryArray,
+    FixedSizeBinaryArray, Float32Array, Int64Array, LargeStringArray, NullArray, RecordBatch,
+    StringArray, StringViewArray, UInt64Array,
+};
+use dataset_rt_native::population::{write_population, Population, PopulationStore};
+use dataset_rt_native::sampling::StreamOrder;
+use dataset_rt_native::storage::{
+    CacheSet, CacheWriter, ColumnSpec, Compression, EncodedRecord, MetaType, MetaValue,
+};
+use dataset_rt_native::Error;
+
+const RECORDS: usize = 100;
+
+fn caches(base: &Path) -> Arc<CacheSet> {
+    let columns = vec![ColumnSpec {
+        name: "label".into(),
+        dtype: MetaType::Int64,
+    }];
+    let mut writer = CacheWriter::create(base, "c", columns, Default::default()).unwrap();
+    for i in 0..RECORDS {
+        let record = EncodedRecord::encode(vec![i as u8; 8], Compression::default()).unwrap();
+        writer
+            .append(&record, &[MetaValue::Int(i as i64 % 7)])
+            .unwrap();
+    }
+    let path: PathBuf = writer.finish().unwrap().0;
+    Arc::new(CacheSet::open(&[path], true).unwrap())
+}
+
+/// A table of every kind of column a user might send: identities and weight
+/// in other types than the canonical ones, nulls, strings of every encoding,
+/// and a nested column (gathered in memory rather than spilled).
+fn table(caches: &CacheSet) -> RecordBatch {
+    let n = 3 * RECORDS;
+    let cache_id = caches.caches()[0].cache_id();
+    let rows: Vec<usize> = (0..n).map(|i| (i * 37) % RECORDS).collect();
+    let text = |i: usize| (i % 5 != 0).then(|| format!("row {i} {}", "x".repeat(i % 13)));
+    let mut list = ListBuilder::new(Int32Builder::new());
+    for i in 0..n {
+        if i % 4 == 0 {
+            list.append_null();
+        } else {
+            list.append_value((0..i % 3).map(|v| Some(v as i32)));
+        }
+    }
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("cache_id", Arc::new(UInt64Array::from(vec![cache_id; n]))),
+        (
+            "sample_id",
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|&r| r as i64))),
+        ),
+        (
+            "label",
+            Arc::new(Int64Array::from_iter_values(
+                rows.iter().map(|&r| r as i64 % 7),
+            )),
+        ),
+        (
+            "weight",
+            Arc::new(Float32Array::from_iter_values(
+                (0..n).map(|i| 0.5 + (i % 9) as f32),
+            )),
+        ),
+        ("note", Arc::new(StringArray::from_iter((0..n).map(text)))),
+        (
+            "large",
+            Arc::new(LargeStringArray::from_iter((0..n).map(text))),
+        ),
+        (
+            "view",
+            Arc::new(StringViewArray::from_iter((0..n).map(text))),
+        ),
+        (
+            "tag",
+            Arc::new(
+                (0..n)
+                    .map(|i| ["a", "b", "c"][i % 3])
+                    .collect::<DictionaryArray<Int32Type>>(),
+            ),
+        ),
+        (
+            "flag",
+            Arc::new(BooleanArray::from_iter(
+                (0..n).map(|i| (i % 3 != 0).then_some(i % 2 == 0)),
+            )),
+        ),
+        (
+            "bytes",
+            Arc::new(BinaryArray::from_iter(
+                (0..n).map(|i| (i % 6 != 0).then(|| vec![i as u8; i % 4])),
+            )),
+        ),
+        (
+            "fixed",
+            Arc::new(FixedSizeBinaryArray::try_from_iter((0..n).map(|i| [i as u8, 1, 2])).unwrap()),
+        ),
+        (
+            "day",
+            Arc::new(Date32Array::from_iter(
+                (0..n).map(|i| (i % 7 != 0).then_some(i as i32)),
+            )),
+        ),
+        (
+            "price",
+            Arc::new(
+                Decimal128Array::from_iter((0..n).map(|i| Some(i as i128 * 101)))
+                    .with_precision_and_scale(20, 2)
+                    .unwrap(),
+            ),
+        ),
+        ("nothing", Arc::new(NullArray::new(n))),
+        ("list", Arc::new(list.finish())),
+    ];
+    RecordBatch::try_from_iter(columns).unwrap()
+}
+
+fn batches(table: &RecordBatch, sizes: &[usize]) -> Vec<dataset_rt_native::Result<RecordBatch>> {
+    let mut out = Vec::new();
+    let (mut start, mut k) = (0, 0);
+    while start < table.num_rows() {
+        let n = sizes[k % sizes.len()].min(table.num_rows() - start);
+        out.push(Ok(table.slice(start, n)));
+        start += n;
+        k += 1;
+    }
+    out
+}
+
+#[test]
+fn a_streamed_table_has_the_id_of_the_table_stored_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let table = table(&caches);
+    let whole = store.put_table(&table).unwrap();
+    for sizes in [&[300][..], &[1], &[7], &[64, 3, 1, 100], &[8, 16]] {
+        let written =
+            write_population(caches.clone(), &store.scratch_dir(), batches(&table, sizes)).unwrap();
+        assert_eq!(written.id, whole, "batches of {sizes:?}");
+        assert_eq!(written.rows, table.num_rows() as u64);
+    }
+}
+
+#[test]
+fn a_streamed_population_reads_back_as_the_table_and_draws_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let table = table(&caches);
+    let written =
+        write_population(caches.clone(), &store.scratch_dir(), batches(&table, &[13])).unwrap();
+    let id = store.keep(written).unwrap();
+    let streamed = store.open_population(&id, &caches).unwrap();
+    let whole = Population::from_table(&caches, table.clone()).unwrap();
+    assert_eq!(streamed.table().unwrap(), whole.table().unwrap());
+    let order = StreamOrder::Weighted { key: 11 };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    order.rows_at(streamed.alias(), 0..5000, &mut a);
+    order.rows_at(whole.alias(), 0..5000, &mut b);
+    assert_eq!(a, b);
+    for row in [0, 1, 150, 299] {
+        assert_eq!(streamed.record(row), whole.record(row));
+    }
+    store.verify(&id).unwrap();
+}
+
+#[test]
+fn refusals_count_the_failing_rows_of_every_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let table = table(&caches);
+    let mut columns = table.columns().to_vec();
+    let bad: Vec<i64> = (0..table.num_rows() as i64)
+        .map(|i| {
+            if [5, 50, 290].contains(&i) {
+                1000
+            } else {
+                (i * 37) % RECORDS as i64
+            }
+        })
+        .collect();
+    columns[1] = Arc::new(Int64Array::from(bad));
+    let bad = RecordBatch::try_new(table.schema(), columns).unwrap();
+    let whole = match Population::from_table(&caches, bad.clone()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted"),
+    };
+    assert!(
+        whole.contains("first offending row 5, 3 rows fail"),
+        "{whole}"
+    );
+    for sizes in [&[1][..], &[10], &[64, 7]] {
+        match write_population(caches.clone(), &store.scratch_dir(), batches(&bad, sizes)) {
+            Err(e) => assert_eq!(e.to_string(), whole, "batches of {sizes:?}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(store.scratch_dir()).unwrap().collect();
+    assert!(left.is_empty(), "a refused put leaves no file: {left:?}");
+}
+
+#[test]
+fn a_store_without_rows_files_builds_them_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let table = table(&caches);
+    let id = store.put_table(&table).unwrap();
+    let rows = store.scratch_dir().join(format!("{id}.rows"));
+    assert!(!rows.exists());
+    let opened = store.open_population(&id, &caches).unwrap();
+    assert!(rows.exists());
+    assert_eq!(opened.num_rows(), table.num_rows());
+}
+
+#[test]
+fn damaged_population_files_are_refused_with_the_file_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let written = write_population(
+        caches.clone(),
+        &store.scratch_dir(),
+        batches(&table(&caches), &[50]),
+    )
+    .unwrap();
+    let id = store.keep(written).unwrap();
+    let table_path = store.scratch_dir().join(format!("{id}.arrow"));
+    let rows_path = store.scratch_dir().join(format!("{id}.rows"));
+    let refused = |what: &str| match store.open_population(&id, &caches) {
+        Err(e @ Error::CorruptCache { .. }) => e.to_string(),
+        Err(other) => panic!("{what}: {other}"),
+        Ok(_) => panic!("{what}: opened"),
+    };
+    let rows_bytes = std::fs::read(&rows_path).unwrap();
+    std::fs::write(&rows_path, &rows_bytes[..rows_bytes.len() - 8]).unwrap();
+    assert!(refused("cut rows").contains("truncated"));
+    std::fs::write(&rows_path, &rows_bytes).unwrap();
+    let table_bytes = std::fs::read(&table_path).unwrap();
+    for cut in [10, table_bytes.len() / 2, table_bytes.len() - 9] {
+        std::fs::write(&table_path, &table_bytes[..cut]).unwrap();
+        assert!(refused("cut table").contains(&id), "cut at {cut}");
+    }
+    // A byte flipped in the rows' values is found by verify.
+    let mut flipped = rows_bytes.clone();
+    flipped[100] ^= 0x40;
+    std::fs::write(&rows_path, &flipped).unwrap();
+    std::fs::write(&table_path, &table_bytes).unwrap();
+    assert!(store.verify(&id).is_err());
+}
