@@ -142,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULTS.max_put_bytes,
         metavar="BYTES",
-        help=f"most Arrow bytes of one do_put table (default {DEFAULTS.max_put_bytes}, 2 GiB)",
+        help=f"most Arrow bytes of one do_put table (default {DEFAULTS.max_put_bytes}, 1 TiB)",
     )
     limits.add_argument(
         "--shutdown-grace",

@@ -55,9 +55,11 @@ class Limits:
     max_streams_per_client: int = 16
     #: seconds a stream may wait for its client to take a batch
     stream_idle_timeout: float = 60.0
-    #: rows and Arrow bytes of one ``do_put`` table
-    max_put_rows: int = 50_000_000
-    max_put_bytes: int = 2 * 1024**3
+    #: rows and Arrow bytes of one ``do_put`` table: the engine streams a put
+    #: to disk batch by batch, so the defaults are the most a population holds
+    #: (2^32 - 1 rows) and 1 TiB, for operators to lower
+    max_put_rows: int = 4_294_967_295
+    max_put_bytes: int = 1024**4
 
     def __post_init__(self) -> None:
         for field in fields(self):

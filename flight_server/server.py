@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -81,6 +82,14 @@ def _flight_errors(handler: F) -> F:
         return answer
 
     return wrapped  # type: ignore[return-value]
+
+
+@dataclass
+class _PutCounter:
+    """Rows and Arrow bytes of a put, counted as its batches arrive."""
+
+    rows: int = 0
+    bytes: int = 0
 
 
 class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
@@ -204,11 +213,10 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         slot = self.streams.admit(client_of(context))
         try:
             if isinstance(parsed, engine.MetadataRequest):
-                table = pa.table(service.metadata(parsed.population))
+                # Slices of the mapped table, one at a time: never the table whole.
+                reader = pa.RecordBatchReader.from_stream(service.metadata(parsed.population))
                 watch = self.metrics.stream(parsed.dataset, self._calls.fields)
-                return flight.GeneratorStream(
-                    table.schema, slot.feed(iter(table.to_batches()), watch)
-                )
+                return flight.GeneratorStream(reader.schema, slot.feed(iter(reader), watch))
             # Pinned here, so that telemetry counts the stream under the population
             # it reads even when the ticket names none (streaming a pinned request is
             # the same stream: the engine pins it alike).
@@ -266,19 +274,22 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         command = PutCommand.parse(descriptor.command)
         self._note(dataset=command.dataset, activate=command.activate)
         service = self.catalog.get(command.dataset)
-        table = self._read_put(reader)
-        self._note(rows=table.num_rows, bytes=table.nbytes)
+        counted = _PutCounter()
+        table = self._read_put(reader, counted)
         population, rows = service.put(table, command.activate)
-        self._note(population=population)
+        self._note(rows=counted.rows, bytes=counted.bytes, population=population)
         log.info("%s: stored population %s (%d rows)", command.dataset, population, rows)
         # An activation sets the epoch length to the table's rows: that is the
         # answer, not the active pointer, which a later put may have replaced.
         answer = {"population": population, "rows": rows, "epoch_len": rows}
         writer.write(pa.py_buffer(json.dumps(answer).encode()))
 
-    def _read_put(self, reader: flight.MetadataRecordBatchReader) -> pa.Table:
-        """The put's table, read batch by batch and refused as soon as it passes
-        ``--max-put-rows`` or ``--max-put-bytes`` (before it is read whole)."""
+    def _read_put(
+        self, reader: flight.MetadataRecordBatchReader, counted: _PutCounter
+    ) -> pa.RecordBatchReader:
+        """The put's batches as they arrive, for the engine to validate and
+        write one at a time (it never holds the table), refused as soon as
+        they pass ``--max-put-rows`` or ``--max-put-bytes``."""
         schema = reader.schema
         if len(schema) == 0:
             raise ProtocolError(
@@ -286,25 +297,27 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 "'weight' and the stored columns (a metadata ticket returns one to edit)"
             )
         limits = self.limits
-        batches: list[pa.RecordBatch] = []
-        rows = size = 0
-        for chunk in reader:
-            if chunk.data is None:
-                continue
-            batches.append(chunk.data)
-            rows += chunk.data.num_rows
-            size += chunk.data.nbytes
-            if rows > limits.max_put_rows:
-                raise ProtocolError(
-                    f"the table has more than {limits.max_put_rows} rows, the most this server "
-                    f"takes in one do_put (--max-put-rows {limits.max_put_rows})"
-                )
-            if size > limits.max_put_bytes:
-                raise ProtocolError(
-                    f"the table has more than {limits.max_put_bytes} bytes of Arrow data, the "
-                    f"most this server takes in one do_put (--max-put-bytes {limits.max_put_bytes})"
-                )
-        return pa.Table.from_batches(batches, schema=schema)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for chunk in reader:
+                if chunk.data is None:
+                    continue
+                counted.rows += chunk.data.num_rows
+                counted.bytes += chunk.data.nbytes
+                if counted.rows > limits.max_put_rows:
+                    raise ProtocolError(
+                        f"the table has more than {limits.max_put_rows} rows, the most this "
+                        f"server takes in one do_put (--max-put-rows {limits.max_put_rows})"
+                    )
+                if counted.bytes > limits.max_put_bytes:
+                    raise ProtocolError(
+                        f"the table has more than {limits.max_put_bytes} bytes of Arrow data, "
+                        f"the most this server takes in one do_put "
+                        f"(--max-put-bytes {limits.max_put_bytes})"
+                    )
+                yield chunk.data
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
 
     # -- shutdown ---------------------------------------------------------------
 

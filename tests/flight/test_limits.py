@@ -26,6 +26,7 @@ from flight_client import DatasetClient, FlightSource
 from flight_server import Catalog, cli
 from flight_server.auth import TokenFile
 from flight_server.limits import Limits, peer_address
+from flight_server.server import _PutCounter
 
 from .conftest import DATASET, ROWS, active, command, message, metadata, populations, put, serve
 from .conftest import ticket as make_ticket
@@ -331,8 +332,8 @@ def test_help_describes_the_limits() -> None:
         ("--max-streams", "64"),
         ("--max-streams-per-client", "16"),
         ("--stream-idle-timeout", "60"),
-        ("--max-put-rows", "50000000"),
-        ("--max-put-bytes", "2147483648"),
+        ("--max-put-rows", "4294967295"),
+        ("--max-put-bytes", "1099511627776"),
         ("--shutdown-grace", "5"),
     ]:
         described = text[text.rindex(f"{option} ") :][:300]  # its entry, after the usage
@@ -410,7 +411,7 @@ def test_a_put_is_refused_as_soon_as_it_passes_the_limit(catalog: Catalog) -> No
         batch = pa.record_batch({"cache_id": pa.array(range(30), pa.uint64())})
         reader = CountingReader([batch] * 1000)
         with pytest.raises(ValueError, match="--max-put-rows 100"):
-            server._read_put(reader)
+            server._read_put(reader, _PutCounter()).read_all()
         assert reader.read == 4
 
 
