@@ -82,13 +82,15 @@ impl ArrowTable {
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = requested_schema; // the table is exported in its own schema
-        // In slices of the (mapped) table, without a copy: a consumer holds a
-        // slice at a time, and a Flight stream sends bounded messages.
+                                  // In slices of the (mapped) table, without a copy: a consumer holds a
+                                  // slice at a time, and a Flight stream sends bounded messages.
         let batch = self.batch.clone();
         let rows = batch.num_rows();
         let slices = (0..rows)
             .step_by(crate::population::BATCH_ROWS)
-            .map(move |start| Ok(batch.slice(start, crate::population::BATCH_ROWS.min(rows - start))));
+            .map(move |start| {
+                Ok(batch.slice(start, crate::population::BATCH_ROWS.min(rows - start)))
+            });
         let reader = RecordBatchIterator::new(slices, self.batch.schema());
         export_stream(py, Box::new(reader))
     }

@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use crate::hash::xxh3_64;
 use arrow_array::{Array, RecordBatch};
-use arrow_ipc::reader::FileReader;
 
 use super::codec::decode_into;
-use super::index::{IndexEntry, INDEX_ENTRY_BYTES};
+use super::index::{IndexEntry, StoredEntry, INDEX_ENTRY_BYTES};
 use super::manifest::{FileEntry, Manifest};
 use super::mapped::{self, MappedFile};
 use super::pread::append_exact_at;
 use super::schema::ColumnSpec;
+use super::slab::Slab;
 use super::LARGE_RECORD;
 use super::{hex64, INDEX_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
@@ -25,7 +25,7 @@ use crate::prefetch::prefetch_line;
 pub struct Cache {
     dir: PathBuf,
     manifest: Manifest,
-    index: Vec<IndexEntry>,
+    index: Slab<StoredEntry>,
     /// `sample_id` plus the stored metadata columns, one row per record.
     metadata: RecordBatch,
     shards: Vec<Option<MappedFile>>,
@@ -66,27 +66,24 @@ impl Cache {
             ));
         }
         let manifest = Manifest::read(dir)?;
-        let index_bytes = read_checked(dir, &manifest.index, INDEX_FILE)?;
+        // Mapped, not read: a cache costs page cache, not process memory.
+        let index_map = map_checked(dir, &manifest.index, INDEX_FILE)?;
         let index_path = dir.join(INDEX_FILE);
         let expected = manifest.record_count as usize * INDEX_ENTRY_BYTES;
-        if index_bytes.len() != expected {
+        if index_map.as_ref().map_or(0, |m| m.len()) != expected {
             return Err(Error::corrupt(
                 &index_path,
                 format!(
                     "{} bytes, expected {expected} for {} records",
-                    index_bytes.len(),
-                    manifest.record_count
+                    manifest.index.bytes, manifest.record_count
                 ),
             ));
         }
-        let index = index_bytes
-            .chunks_exact(INDEX_ENTRY_BYTES)
-            .enumerate()
-            .map(|(i, chunk)| {
-                IndexEntry::decode(chunk)
-                    .map_err(|e| Error::corrupt(&index_path, format!("entry {i}: {e}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let index: Slab<StoredEntry> = match &index_map {
+            Some(map) => Slab::mapped(map, 0, manifest.record_count as usize)
+                .map_err(|e| Error::corrupt(&index_path, e))?,
+            None => Slab::from_vec(Vec::new()),
+        };
         crate::prefetch::huge_pages(&index);
         let metadata = read_metadata(dir, &manifest)?;
         let mut shards = Vec::with_capacity(manifest.shards.len());
@@ -172,6 +169,12 @@ impl Cache {
         &self.metadata
     }
 
+    /// Record `sample_id`'s index entry (None past the end, or damaged).
+    #[inline]
+    fn entry(&self, sample_id: u64) -> Option<IndexEntry> {
+        self.index.get(sample_id as usize)?.entry()
+    }
+
     pub fn raw_len(&self, sample_id: u64) -> u64 {
         self.index
             .get(sample_id as usize)
@@ -181,7 +184,7 @@ impl Cache {
 
     /// Append record `sample_id`'s payload to `out`, verifying its checksum.
     pub fn read_into(&self, sample_id: u64, out: &mut Vec<u8>) -> Result<()> {
-        let entry = self.index.get(sample_id as usize).ok_or_else(|| {
+        let entry = &self.entry(sample_id).ok_or_else(|| {
             Error::invalid(format!(
                 "sample_id {sample_id} is out of range for cache {} ({} records)",
                 self.manifest.cache_id, self.manifest.record_count
@@ -206,7 +209,7 @@ impl Cache {
     /// the verification of the records before. A hint only: it never faults and
     /// does nothing for records read with `pread` or out of range.
     pub fn prefetch(&self, sample_id: u64) {
-        let Some(entry) = self.index.get(sample_id as usize) else {
+        let Some(ref entry) = self.entry(sample_id) else {
             return;
         };
         if entry.stored_len >= LARGE_RECORD {
@@ -225,8 +228,8 @@ impl Cache {
     /// and copying it again. `Ok(false)`: the record is small or encoded; read
     /// it with `read_into`.
     pub fn verify_in_place(&self, sample_id: u64) -> Result<bool> {
-        match self.index.get(sample_id as usize) {
-            Some(entry) if entry.stored_len >= LARGE_RECORD && entry.stored_as_is() => {
+        match self.entry(sample_id) {
+            Some(ref entry) if entry.stored_len >= LARGE_RECORD && entry.stored_as_is() => {
                 self.check_record(sample_id, entry, self.stored_bytes(entry))?;
                 Ok(true)
             }
@@ -237,7 +240,7 @@ impl Cache {
     /// Record `sample_id`'s bytes in its memory-mapped shard when they are
     /// stored as is (no codec), unverified: `verify_in_place` checks them.
     pub fn stored_as_is(&self, sample_id: u64) -> Option<&[u8]> {
-        let entry = self.index.get(sample_id as usize)?;
+        let entry = &self.entry(sample_id)?;
         entry.stored_as_is().then(|| self.stored_bytes(entry))
     }
 
@@ -410,7 +413,13 @@ fn identity(_stat: &std::fs::Metadata) -> (u64, u64) {
     (0, 0)
 }
 
-fn read_checked(dir: &Path, entry: &FileEntry, expected_name: &str) -> Result<Vec<u8>> {
+/// The file `expected_name` listed by `entry`, mapped and checked against
+/// the manifest (size and xxh3); None when it is empty.
+fn map_checked(
+    dir: &Path,
+    entry: &FileEntry,
+    expected_name: &str,
+) -> Result<Option<Arc<MappedFile>>> {
     let path = dir.join(expected_name);
     if entry.file != expected_name {
         return Err(Error::corrupt(
@@ -418,20 +427,28 @@ fn read_checked(dir: &Path, entry: &FileEntry, expected_name: &str) -> Result<Ve
             format!("lists '{}' where '{expected_name}' belongs", entry.file),
         ));
     }
-    let bytes = std::fs::read(&path).map_err(|e| {
+    let unreadable = |e: std::io::Error| {
         Error::corrupt(
             &path,
             format!("cannot read a file listed in the manifest: {e}"),
         )
-    })?;
-    if bytes.len() as u64 != entry.bytes {
+    };
+    let file = File::open(&path).map_err(unreadable)?;
+    let len = file.metadata().map_err(unreadable)?.len();
+    if len != entry.bytes {
         return Err(Error::corrupt(
             &path,
-            format!("{} bytes, the manifest says {}", bytes.len(), entry.bytes),
+            format!("{len} bytes, the manifest says {}", entry.bytes),
         ));
     }
-    check_digest(&path, &entry.xxh3, &hex64(xxh3_64(&bytes)))?;
-    Ok(bytes)
+    let map = if len == 0 {
+        None
+    } else {
+        Some(Arc::new(MappedFile::map(&file).map_err(unreadable)?))
+    };
+    let digest = hex64(xxh3_64(map.as_deref().map_or(&[][..], |m| &m[..])));
+    check_digest(&path, &entry.xxh3, &digest)?;
+    Ok(map)
 }
 
 fn check_digest(path: &Path, recorded: &str, computed: &str) -> Result<()> {
@@ -449,15 +466,18 @@ fn check_digest(path: &Path, recorded: &str, computed: &str) -> Result<()> {
 
 fn read_metadata(dir: &Path, manifest: &Manifest) -> Result<RecordBatch> {
     let path = dir.join(METADATA_FILE);
-    let bytes = read_checked(dir, &manifest.metadata, METADATA_FILE)?;
     let corrupt = |detail: String| Error::corrupt(&path, detail);
-    let reader = FileReader::try_new(std::io::Cursor::new(bytes), None)
+    let map = map_checked(dir, &manifest.metadata, METADATA_FILE)?
+        .ok_or_else(|| corrupt("the file is empty; it holds an Arrow IPC file".into()))?;
+    let buffer = super::arrow_buffer(&map, 0, map.len())
+        .ok_or_else(|| corrupt("cannot be mapped".into()))?;
+    // The arrays are views of the mapped file (the writer writes one batch).
+    let (schema, mut batches) = decode_ipc_file(&buffer)
         .map_err(|e| corrupt(format!("not a valid Arrow IPC file: {e}")))?;
-    let schema = reader.schema();
-    let batches = reader
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| corrupt(format!("not a valid Arrow IPC file: {e}")))?;
-    let batch = arrow_select::concat::concat_batches(&schema, &batches)?;
+    let batch = match batches.len() {
+        1 => batches.remove(0),
+        _ => arrow_select::concat::concat_batches(&schema, &batches)?,
+    };
     let fields = schema.fields();
     let expected_names: Vec<&str> = std::iter::once("sample_id")
         .chain(manifest.columns.iter().map(|c| c.name.as_str()))
@@ -493,8 +513,60 @@ fn read_metadata(dir: &Path, manifest: &Manifest) -> Result<RecordBatch> {
     Ok(batch)
 }
 
-fn check_index_bounds(path: &Path, index: &[IndexEntry], shards: &[FileEntry]) -> Result<()> {
+/// The schema and record batches of an Arrow IPC file held in `buffer`,
+/// decoded without a copy; every block is checked to lie inside the buffer.
+fn decode_ipc_file(
+    buffer: &arrow_buffer::Buffer,
+) -> std::result::Result<(arrow_schema::SchemaRef, Vec<RecordBatch>), String> {
+    use arrow_ipc::reader::{read_footer_length, FileDecoder};
+    let len = buffer.len();
+    let trailer: [u8; 10] = buffer
+        .get(len.saturating_sub(10)..)
+        .and_then(|t| t.try_into().ok())
+        .ok_or("shorter than an Arrow IPC file's trailer")?;
+    let footer_len = read_footer_length(trailer).map_err(|e| e.to_string())?;
+    let start = (len - 10)
+        .checked_sub(footer_len)
+        .ok_or("the footer is longer than the file")?;
+    let footer = arrow_ipc::root_as_footer(&buffer[start..len - 10]).map_err(|e| e.to_string())?;
+    let schema = Arc::new(
+        arrow_ipc::convert::try_fb_to_schema(footer.schema().ok_or("the footer has no schema")?)
+            .map_err(|e| e.to_string())?,
+    );
+    let mut decoder = FileDecoder::new(schema.clone(), footer.version());
+    let block_data = |block: &arrow_ipc::Block| {
+        let offset = usize::try_from(block.offset()).ok()?;
+        let block_len = usize::try_from(block.bodyLength()).ok()?
+            + usize::try_from(block.metaDataLength()).ok()?;
+        (offset.checked_add(block_len)? <= len).then(|| buffer.slice_with_length(offset, block_len))
+    };
+    for block in footer.dictionaries().into_iter().flatten() {
+        let data = block_data(block).ok_or("a dictionary block lies outside the file")?;
+        decoder
+            .read_dictionary(block, &data)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut batches = Vec::new();
+    for block in footer.recordBatches().into_iter().flatten() {
+        let data = block_data(block).ok_or("a record batch lies outside the file")?;
+        if let Some(batch) = decoder
+            .read_record_batch(block, &data)
+            .map_err(|e| e.to_string())?
+        {
+            batches.push(batch);
+        }
+    }
+    if batches.is_empty() {
+        return Err("the file holds no record batch".into());
+    }
+    Ok((schema, batches))
+}
+
+fn check_index_bounds(path: &Path, index: &[StoredEntry], shards: &[FileEntry]) -> Result<()> {
     for (i, e) in index.iter().enumerate() {
+        if let Some(problem) = e.problem() {
+            return Err(Error::corrupt(path, format!("entry {i}: {problem}")));
+        }
         let Some(shard) = shards.get(e.shard as usize) else {
             return Err(Error::corrupt(
                 path,

@@ -14,6 +14,52 @@ use super::codec::Codec;
 
 pub const INDEX_ENTRY_BYTES: usize = 40;
 
+#[cfg(target_endian = "big")]
+compile_error!("index.bin and population rows files are little-endian and read in place");
+
+/// An entry as it lies in `index.bin`, read in place from the mapped file
+/// (the layout above, little-endian). `entry` decodes its codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct StoredEntry {
+    pub shard: u32,
+    pub codec: u8,
+    pub reserved: [u8; 3],
+    pub offset: u64,
+    pub stored_len: u64,
+    pub raw_len: u64,
+    pub checksum: u64,
+}
+
+// SAFETY: integers only, no padding (4 + 1 + 3 + 4 * 8 = 40 bytes, align 8).
+unsafe impl crate::storage::Plain for StoredEntry {}
+
+const _: () = assert!(size_of::<StoredEntry>() == INDEX_ENTRY_BYTES);
+
+impl StoredEntry {
+    /// The entry, or None when its codec tag is unknown (a damaged file; the
+    /// cache checks every entry when it opens).
+    #[inline]
+    pub fn entry(&self) -> Option<IndexEntry> {
+        Some(IndexEntry {
+            shard: self.shard,
+            codec: Codec::from_tag(self.codec)?,
+            offset: self.offset,
+            stored_len: self.stored_len,
+            raw_len: self.raw_len,
+            checksum: self.checksum,
+        })
+    }
+
+    /// What is malformed in the entry, if anything.
+    pub fn problem(&self) -> Option<String> {
+        if Codec::from_tag(self.codec).is_none() {
+            return Some(format!("unknown codec tag {}", self.codec));
+        }
+        (self.reserved != [0, 0, 0]).then(|| "reserved bytes are not zero".to_string())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexEntry {
     pub shard: u32,
