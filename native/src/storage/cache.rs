@@ -20,8 +20,9 @@ use super::{hex64, INDEX_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
 use crate::prefetch::prefetch_line;
 
-/// One open cache. Payload shards are memory-mapped; the index and metadata are
-/// loaded (and their checksums verified) when the cache is opened.
+/// One open cache. Its shards, index and metadata are memory-mapped (their
+/// checksums verified when the cache is opened), so an open cache costs page
+/// cache, which the kernel reclaims, not process memory.
 pub struct Cache {
     dir: PathBuf,
     manifest: Manifest,
