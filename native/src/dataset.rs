@@ -32,7 +32,7 @@ pub struct Dataset {
 
 impl Dataset {
     pub fn new(caches: Arc<CacheSet>, order: StreamOrder) -> Result<Self> {
-        let written = Population::write_full(&caches, &library_scratch_dir())?;
+        let written = Population::write_full(&caches, &library_scratch_dir()?)?;
         let population = Arc::new(written.open_unnamed(&caches)?);
         let epoch_len = population.num_rows() as u64;
         Ok(Dataset {
@@ -80,7 +80,7 @@ impl Dataset {
     /// Validate `batches` as a population (streamed into scratch files that
     /// are mapped, see `library_scratch_dir`) and activate it.
     pub fn update(&self, batches: impl IntoIterator<Item = Result<RecordBatch>>) -> Result<()> {
-        let written = write_population(self.caches.clone(), &library_scratch_dir(), batches)?;
+        let written = write_population(self.caches.clone(), &library_scratch_dir()?, batches)?;
         self.activate(written.open_unnamed(&self.caches)?)
     }
 

@@ -201,8 +201,9 @@ impl DatasetService {
     pub fn population(&self, id: &str) -> Result<Arc<Population>> {
         let loaded = self.lock()?.0.get(id).cloned();
         if let Some(found) = loaded {
-            // Another replica may have removed it: the store decides (one stat).
-            if self.store.contains(id) {
+            // Another replica may have removed it: the store decides (one
+            // stat); a file cut under its mapping is opened again (or refused).
+            if self.store.contains(id) && found.truncation().is_none() {
                 return Ok(found);
             }
             self.forget(id)?;

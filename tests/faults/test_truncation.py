@@ -223,3 +223,57 @@ def test_a_shard_deleted_or_replaced_is_refused_on_the_next_request(
         assert read_epoch(client, "healthy") == 500
         client.close()
     shutil.rmtree(cache)
+
+
+# -- population files and a cache's index and metadata, mapped since issue 20 ------
+
+
+def test_a_population_file_cut_under_the_server_is_refused_then_reopened(
+    two_datasets: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """The active population's rows file cut under a serving server: streams fail
+    naming the population (not samples read as zeros), the server lives on, and once
+    the file is restored the next request opens it again."""
+    _, args = two_datasets
+    with ServerProcess(args) as server:
+        client = flight.connect(server.location())
+        assert read_epoch(client, "damaged") == RECORDS  # the rows file mapped and read
+        (rows,) = (tmp_path / "state" / "damaged").glob("caches-*/populations/*.rows")
+        original = cut(rows, 64)
+        with pytest.raises(flight.FlightInternalError) as failed:
+            read_epoch(client, "damaged")
+        message = str(failed.value)
+        assert "'damaged'" in message, message
+        assert rows.name in message, message
+        assert str(tmp_path) not in message, message
+        assert server.process.poll() is None, f"the server died; {server.output()}"
+        assert read_epoch(client, "healthy") == 500, "other datasets go on"
+        restore(rows, original)
+        assert read_epoch(client, "damaged") == RECORDS, "opened again once restored"
+        client.close()
+
+
+def test_a_cut_index_fails_the_reads_that_meet_it(
+    runtime: drt.DatasetRuntime, tmp_path: Path
+) -> None:
+    records = [drt.CacheInput(payload(i, SMALL), {"label": i % 3}) for i in range(RECORDS)]
+    dataset = open_dataset(runtime, tmp_path, ListSource("cut", records))
+    assert sum(b.num_rows for b in dataset.iter_batches()) == RECORDS
+    cut(tmp_path / "cut" / "index.bin", 0)
+    with pytest.raises(drt.CorruptCacheError, match="cut short") as failed:
+        for _ in dataset.iter_batches():
+            pass
+    assert "cut/index.bin" in str(failed.value)
+
+
+def test_a_cut_metadata_file_refuses_a_put_instead_of_comparing_zeros(
+    runtime: drt.DatasetRuntime, tmp_path: Path
+) -> None:
+    records = [drt.CacheInput(payload(i, SMALL), {"label": i % 3}) for i in range(RECORDS)]
+    dataset = open_dataset(runtime, tmp_path, ListSource("cut", records))
+    table = dataset.get_metadata()
+    dataset.update_metadata(table)  # every stored value read and compared once
+    cut(tmp_path / "cut" / "metadata.arrow", 0)
+    with pytest.raises(drt.CorruptCacheError, match="cut short") as failed:
+        dataset.update_metadata(table)
+    assert "cut/metadata.arrow" in str(failed.value)

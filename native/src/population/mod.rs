@@ -89,13 +89,13 @@ impl Population {
     /// Every record of every cache once, weight 1.0, in the library's
     /// scratch directory (`write_full`, `library_scratch_dir`).
     pub fn full(caches: &Arc<CacheSet>) -> Result<Self> {
-        Self::write_full(caches, &library_scratch_dir())?.open_unnamed(caches)
+        Self::write_full(caches, &library_scratch_dir()?)?.open_unnamed(caches)
     }
 
     /// `table` validated and opened as a population, in the library's
     /// scratch directory (`write_population` streams any number of batches).
     pub fn from_table(caches: &Arc<CacheSet>, table: RecordBatch) -> Result<Self> {
-        write_population(caches.clone(), &library_scratch_dir(), [Ok(table)])?.open_unnamed(caches)
+        write_population(caches.clone(), &library_scratch_dir()?, [Ok(table)])?.open_unnamed(caches)
     }
 
     /// Every record of every cache once, weight 1.0, written to `dir` batch
@@ -150,9 +150,16 @@ impl Population {
         self.rows.alias()
     }
 
-    /// Whether a read found one of the population's files cut under it.
-    pub fn truncated(&self) -> bool {
-        self.table.truncated()
+    /// The error for a file of the population that a read found cut short
+    /// under its mapping (its pages now read as zeros), if any.
+    pub fn truncation(&self) -> Option<Error> {
+        let path = self.rows.truncated().or_else(|| self.table.truncated())?;
+        // Named by file (the population's id), not by the state volume's path.
+        Some(Error::corrupt(
+            Path::new("populations").join(path.file_name().unwrap_or_default()),
+            "the population's file was cut short while it was being read; the next request \
+             opens it again (and refuses it if it is still damaged)",
+        ))
     }
 
     /// The record of population row `row`: (cache position, sample id).

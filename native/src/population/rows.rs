@@ -55,6 +55,7 @@ pub struct PopulationRows {
     /// The last cache position: a damaged key never names a cache past it.
     last_cache: u32,
     map: Arc<MappedFile>,
+    path: std::path::PathBuf,
 }
 
 /// The xxh3 of `caches`' ids in order: which caches, in which order, cache
@@ -172,12 +173,14 @@ impl PopulationRows {
             alias: AliasTable::stored(alias),
             last_cache: caches.caches().len().saturating_sub(1) as u32,
             map,
+            path: path.to_path_buf(),
         })
     }
 
     /// Check the file's checksum (a full read of the file).
     pub fn verify(path: &Path) -> Result<()> {
-        let bytes = std::fs::read(path).at("cannot read", path)?;
+        let file = File::open(path).at("cannot open", path)?;
+        let bytes = MappedFile::map(&file).at("cannot map", path)?;
         let header = Header::parse(&bytes).map_err(|d| Error::corrupt(path, d))?;
         if header.len != bytes.len() as u64 || xxh3_64(&bytes[HEADER..]) != header.checksum {
             return Err(Error::corrupt(
@@ -190,6 +193,11 @@ impl PopulationRows {
 
     pub fn len(&self) -> usize {
         self.keys.len()
+    }
+
+    /// The file, if a read found it cut short under its mapping.
+    pub fn truncated(&self) -> Option<&Path> {
+        self.map.truncated().then_some(self.path.as_path())
     }
 
     pub fn is_empty(&self) -> bool {

@@ -65,11 +65,20 @@ impl Drop for ScratchFile {
 }
 
 /// Where the in-process library writes the populations it opens (and
-/// unlinks at once: the mappings keep them): `DATASET_RT_SCRATCH`, or the
-/// system's temporary directory. Put it on a disk, not a RAM-backed tmpfs,
-/// for populations larger than memory (docs/large-datasets.md).
-pub fn library_scratch_dir() -> PathBuf {
-    std::env::var_os("DATASET_RT_SCRATCH")
+/// unlinks at once: the mappings keep them): `dataset_rt-populations/` in
+/// `DATASET_RT_SCRATCH`, or in the system's temporary directory. Put it on a
+/// disk, not a RAM-backed tmpfs, for populations larger than memory
+/// (docs/large-datasets.md). Files left by a process that was killed while
+/// writing are removed the first time a process uses the directory.
+pub fn library_scratch_dir() -> Result<PathBuf> {
+    static CLEANED: std::sync::Once = std::sync::Once::new();
+    let dir = std::env::var_os("DATASET_RT_SCRATCH")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir)
+        .join("dataset_rt-populations");
+    std::fs::create_dir_all(&dir).at("cannot create the population scratch directory", &dir)?;
+    CLEANED.call_once(|| {
+        crate::storage::temp::remove_abandoned(&dir, |name| name.starts_with(TEMP_PREFIX));
+    });
+    Ok(dir)
 }

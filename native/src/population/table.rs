@@ -105,9 +105,12 @@ impl MappedTable {
         self.table.num_rows()
     }
 
-    /// Whether a read found the file cut under its mapping.
-    pub fn truncated(&self) -> bool {
-        self.map.as_ref().is_some_and(|m| m.truncated())
+    /// The file, if a read found it cut short under its mapping.
+    pub fn truncated(&self) -> Option<&Path> {
+        self.map
+            .as_ref()
+            .is_some_and(|m| m.truncated())
+            .then_some(self.path.as_path())
     }
 
     /// Column `i`, its values checked in full on first use.

@@ -29,6 +29,8 @@ pub struct Cache {
     index: Slab<StoredEntry>,
     /// `sample_id` plus the stored metadata columns, one row per record.
     metadata: RecordBatch,
+    /// The mapped `index.bin` and `metadata.arrow`, to tell a cut one.
+    mapped_files: Vec<(&'static str, Arc<MappedFile>)>,
     shards: Vec<Option<MappedFile>>,
     /// The same shards as files, for positioned reads of large records.
     files: Vec<File>,
@@ -86,7 +88,12 @@ impl Cache {
             None => Slab::from_vec(Vec::new()),
         };
         crate::prefetch::huge_pages(&index);
-        let metadata = read_metadata(dir, &manifest)?;
+        let (metadata, metadata_map) = read_metadata(dir, &manifest)?;
+        let mapped_files: Vec<(&'static str, Arc<MappedFile>)> = index_map
+            .iter()
+            .map(|m| (INDEX_FILE, m.clone()))
+            .chain([(METADATA_FILE, metadata_map)])
+            .collect();
         let mut shards = Vec::with_capacity(manifest.shards.len());
         let mut shard_paths = Vec::with_capacity(manifest.shards.len());
         let mut files = Vec::with_capacity(manifest.shards.len());
@@ -134,6 +141,7 @@ impl Cache {
             manifest,
             index,
             metadata,
+            mapped_files,
             shards,
             files,
             shard_paths,
@@ -351,6 +359,21 @@ impl Cache {
 
     /// The error of a read that met a cut shard: it names the cache and the
     /// shard by name (no server path) and what to do.
+    /// The error for a file of this cache that a read found cut short under
+    /// its mapping (a shard, `index.bin` or `metadata.arrow`), if any.
+    pub fn truncation(&self) -> Option<Error> {
+        if let Some(shard) = self.truncated_shard() {
+            return Some(self.truncation_error(shard));
+        }
+        let (file, _) = self.mapped_files.iter().find(|(_, map)| map.truncated())?;
+        let name = self.dir.file_name().unwrap_or_default().to_string_lossy();
+        Some(Error::corrupt(
+            Path::new(name.as_ref()).join(file),
+            "the file was cut short while it was being read; restore the cache's files (the \
+             next request reopens it) or write the cache again",
+        ))
+    }
+
     pub fn truncation_error(&self, shard: usize) -> Error {
         let name = self.dir.file_name().unwrap_or_default().to_string_lossy();
         let file = self
@@ -465,7 +488,7 @@ fn check_digest(path: &Path, recorded: &str, computed: &str) -> Result<()> {
     Ok(())
 }
 
-fn read_metadata(dir: &Path, manifest: &Manifest) -> Result<RecordBatch> {
+fn read_metadata(dir: &Path, manifest: &Manifest) -> Result<(RecordBatch, Arc<MappedFile>)> {
     let path = dir.join(METADATA_FILE);
     let corrupt = |detail: String| Error::corrupt(&path, detail);
     let map = map_checked(dir, &manifest.metadata, METADATA_FILE)?
@@ -511,7 +534,7 @@ fn read_metadata(dir: &Path, manifest: &Manifest) -> Result<RecordBatch> {
             "contains nulls; stored metadata is never null".into(),
         ));
     }
-    Ok(batch)
+    Ok((batch, map))
 }
 
 /// The schema and record batches of an Arrow IPC file held in `buffer`,
@@ -664,9 +687,7 @@ impl CacheSet {
 
     /// The error for a shard of this set that a read found cut short, if any.
     pub fn truncation(&self) -> Option<Error> {
-        self.caches
-            .iter()
-            .find_map(|c| c.truncated_shard().map(|shard| c.truncation_error(shard)))
+        self.caches.iter().find_map(|c| c.truncation())
     }
 }
 

@@ -116,5 +116,5 @@ fn changed(caches: &CacheSet) -> bool {
     caches
         .caches()
         .iter()
-        .any(|cache| cache.truncated_shard().is_some() || cache.files_changed())
+        .any(|cache| cache.truncation().is_some() || cache.files_changed())
 }

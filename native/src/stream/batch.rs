@@ -223,17 +223,26 @@ impl BatchContext {
     /// `payload_bytes` is the sum of the rows' `payload_len` (the planner has
     /// it already).
     pub fn build(&self, first: u64, rows: &[u32], payload_bytes: u64) -> Result<RecordBatch> {
-        // A shard cut short under its mapping reads as zeros (`storage::mapped`):
-        // a batch during which this thread met one is refused whole, with the
-        // error that names the shard (not the checksum failure it caused).
-        let faults = mapped::thread_faults();
         let built = self.build_rows(first, rows, payload_bytes);
-        if mapped::thread_faults() != faults {
-            if let Some(error) = self.caches.truncation() {
+        // A file cut short under its mapping reads as zeros (`storage::mapped`),
+        // whichever thread met the cut (the planner reads index entries too):
+        // once any mapping of the process was cut, a batch is refused whole
+        // when a file it reads from (a shard, an index, a metadata file, the
+        // population's) is marked cut, with the error that names the file. A
+        // few atomic loads, and none while nothing was ever cut.
+        if mapped::faults() != 0 {
+            if let Some(error) = self.truncation() {
                 return Err(error);
             }
         }
         built
+    }
+
+    /// The error for a file this stream reads that was cut under its mapping.
+    pub fn truncation(&self) -> Option<Error> {
+        self.caches
+            .truncation()
+            .or_else(|| self.population.truncation())
     }
 
     fn build_rows(&self, first: u64, rows: &[u32], payload_bytes: u64) -> Result<RecordBatch> {
