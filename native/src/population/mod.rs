@@ -37,7 +37,7 @@ pub use writer::{write_population, PopulationWriter, WrittenPopulation};
 pub const BATCH_ROWS: usize = 64 * 1024;
 
 /// A population: its table (as supplied, canonical) and its rows file
-/// (records, weights, alias table), both mapped and read in place.
+/// (records, alias table), both mapped and read in place.
 pub struct Population {
     table: MappedTable,
     rows: PopulationRows,
@@ -45,20 +45,12 @@ pub struct Population {
     stored: Vec<(String, DataType)>,
 }
 
-/// A column a stream carries, taken from the population by row.
+/// A column a stream carries, taken from the population's table by row and
+/// cast to `cast` (a stored column's cache type, Float64 for the weight).
 pub struct PopulationColumn {
     pub field: Field,
-    source: ColumnSource,
-}
-
-enum ColumnSource {
-    /// The validated weights, from the rows file.
-    Weight,
-    /// A column of the table, cast to `cast` (a stored column's cache type).
-    Table {
-        array: ArrayRef,
-        cast: Option<DataType>,
-    },
+    array: ArrayRef,
+    cast: Option<DataType>,
 }
 
 impl Population {
@@ -181,26 +173,22 @@ impl Population {
             return Ok(None);
         };
         let schema = self.table.schema();
-        if name == "weight" {
-            return Ok(Some(PopulationColumn {
-                field: Field::new(name, DataType::Float64, false),
-                source: ColumnSource::Weight,
-            }));
-        }
         let array = self.table.column(i)?;
-        let cast = self
-            .stored
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t.clone());
+        // The weight as validated: Float64 (every accepted type widens
+        // exactly); stored columns in their cache's type.
+        let cast = match name {
+            "weight" => Some(DataType::Float64),
+            _ => self
+                .stored
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t.clone()),
+        };
         let field = match &cast {
             Some(dtype) => Field::new(name, dtype.clone(), false),
             None => schema.field(i).clone(),
         };
-        Ok(Some(PopulationColumn {
-            field,
-            source: ColumnSource::Table { array, cast },
-        }))
+        Ok(Some(PopulationColumn { field, array, cast }))
     }
 
     /// The names of the columns a stream may carry: everything in the table.
@@ -219,25 +207,13 @@ impl Population {
 
 impl PopulationColumn {
     /// The column's values at population rows `rows`.
-    pub fn take(&self, population: &Population, rows: &[u32]) -> Result<ArrayRef> {
-        match &self.source {
-            ColumnSource::Weight => {
-                let weights = population.rows.weights();
-                Ok(Arc::new(Float64Array::from_iter_values(rows.iter().map(
-                    |&r| weights.get(r as usize).copied().unwrap_or(f64::NAN),
-                ))))
-            }
-            ColumnSource::Table { array, cast } => {
-                let indices = UInt32Array::from(rows.to_vec());
-                let options = arrow_select::take::TakeOptions { check_bounds: true };
-                let taken = arrow_select::take::take(array.as_ref(), &indices, Some(options))?;
-                match cast {
-                    Some(dtype) if taken.data_type() != dtype => {
-                        Ok(arrow_cast::cast(&taken, dtype)?)
-                    }
-                    _ => Ok(taken),
-                }
-            }
+    pub fn take(&self, rows: &[u32]) -> Result<ArrayRef> {
+        let indices = UInt32Array::from(rows.to_vec());
+        let options = arrow_select::take::TakeOptions { check_bounds: true };
+        let taken = arrow_select::take::take(self.array.as_ref(), &indices, Some(options))?;
+        match &self.cast {
+            Some(dtype) if taken.data_type() != dtype => Ok(arrow_cast::cast(&taken, dtype)?),
+            _ => Ok(taken),
         }
     }
 }

@@ -1,13 +1,13 @@
-//! The rows file of a population (`<id>.rows`): per row its record, its weight
-//! and its alias-table column, 24 bytes, mapped and read in place.
+//! The rows file of a population (`<id>.rows`): per row its record and its
+//! alias-table column, 16 bytes, mapped and read in place. (A row's weight is
+//! in the table file, whose `weight` column a stream casts to Float64.)
 //!
 //! ```text
 //! offset 0    header, 64 bytes (little-endian):
 //!               magic "DRTROWS1" | version u32 = 1 | reserved u32
-//!               rows u64 | caches key u64 | weights offset u64 | alias offset u64
+//!               rows u64 | caches key u64 | alias offset u64
 //!               file length u64 | xxh3-64 of bytes 64..file length
 //! offset 64   keys:    rows x u64   cache position << 40 | sample id
-//! (64-aligned) weights: rows x f64   the weight as validated
 //! (64-aligned) alias:   rows x (u32 threshold, u32 alias)
 //! ```
 //! The caches key is the xxh3 of the cache ids in the dataset's order (the
@@ -17,13 +17,13 @@
 //! a value damaged on disk can only send a read to a record that does not
 //! exist, which the cache refuses (never a crash).
 //!
-//! The file is written as the table streams in: keys go to the file, weights
-//! to a second one; `finish` appends the weights, builds the alias table in
-//! place in the mapped file (Vose's lists in a mapped scratch file) and writes
-//! the header last, so a file is complete when its header says so.
+//! The file is written as the table streams in: keys go to the file, the
+//! validated weights to a scratch file; `finish` builds the alias table from
+//! them in place in the mapped file (Vose's lists in a mapped scratch file)
+//! and writes the header last, so a file is complete when its header says so.
 
 use std::fs::File;
-use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -47,10 +47,9 @@ pub const MAX_SAMPLE_ID: u64 = SAMPLE_MASK;
 pub const MAX_CACHES: usize = 1 << (64 - SAMPLE_BITS);
 const WRITE_BUFFER: usize = 1 << 20;
 
-/// A population's records, weights and alias table, mapped.
+/// A population's records and alias table, mapped.
 pub struct PopulationRows {
     keys: Slab<u64>,
-    weights: Slab<f64>,
     alias: AliasTable,
     /// The last cache position: a damaged key never names a cache past it.
     last_cache: u32,
@@ -71,18 +70,16 @@ pub fn caches_key(caches: &CacheSet) -> u64 {
 struct Header {
     rows: u64,
     caches_key: u64,
-    weights: u64,
     alias: u64,
     len: u64,
     checksum: u64,
 }
 
 impl Header {
-    fn layout(rows: u64) -> (u64, u64, u64) {
-        let align = |x: u64| x.div_ceil(64) * 64;
-        let weights = align(HEADER as u64 + rows * 8);
-        let alias = align(weights + rows * 8);
-        (weights, alias, alias + rows * 8)
+    /// (alias offset, file length) of a file of `rows` rows.
+    fn layout(rows: u64) -> (u64, u64) {
+        let alias = (HEADER as u64 + rows * 8).div_ceil(64) * 64;
+        (alias, alias + rows * 8)
     }
 
     fn bytes(&self) -> [u8; HEADER] {
@@ -92,7 +89,6 @@ impl Header {
         let words = [
             self.rows,
             self.caches_key,
-            self.weights,
             self.alias,
             self.len,
             self.checksum,
@@ -121,15 +117,14 @@ impl Header {
         let header = Header {
             rows: word(0),
             caches_key: word(1),
-            weights: word(2),
-            alias: word(3),
-            len: word(4),
-            checksum: word(5),
+            alias: word(2),
+            len: word(3),
+            checksum: word(4),
         };
         if header.rows == 0 || header.rows > u32::MAX as u64 {
             return Err(format!("the header says {} rows", header.rows));
         }
-        if Header::layout(header.rows) != (header.weights, header.alias, header.len) {
+        if Header::layout(header.rows) != (header.alias, header.len) {
             return Err("the header's section offsets do not match its row count".into());
         }
         Ok(header)
@@ -162,14 +157,12 @@ impl PopulationRows {
         }
         let rows = header.rows as usize;
         let keys = Slab::mapped(&map, HEADER, rows).map_err(damaged)?;
-        let weights = Slab::mapped(&map, header.weights as usize, rows).map_err(damaged)?;
         let alias = Slab::mapped(&map, header.alias as usize, rows).map_err(damaged)?;
-        for slab_start in [HEADER, header.weights as usize, header.alias as usize] {
+        for slab_start in [HEADER, header.alias as usize] {
             crate::prefetch::huge_pages(&map[slab_start..]);
         }
         Ok(PopulationRows {
             keys,
-            weights,
             alias: AliasTable::stored(alias),
             last_cache: caches.caches().len().saturating_sub(1) as u32,
             map,
@@ -206,16 +199,6 @@ impl PopulationRows {
 
     pub fn alias(&self) -> &AliasTable {
         &self.alias
-    }
-
-    pub fn weights(&self) -> &[f64] {
-        &self.weights
-    }
-
-    /// The weights as an Arrow buffer over the mapping (no copy).
-    pub fn weights_buffer(&self) -> Option<arrow_buffer::Buffer> {
-        let start = self.weights.as_ptr() as usize - self.map.as_ptr() as usize;
-        crate::storage::arrow_buffer(&self.map, start, self.weights.len() * 8)
     }
 
     /// Row `row`'s record: (cache position, sample id). A row past the end or
@@ -290,9 +273,9 @@ impl RowsWriter {
         Ok(())
     }
 
-    /// Complete the file: the weights after the keys, the alias table built in
-    /// place, the header last, fsynced. Returns the complete file (still a
-    /// scratch file: the caller renames it into place or drops it).
+    /// Complete the file: the alias table built in place from the weights,
+    /// the header last, fsynced. Returns the complete file (still a scratch
+    /// file: the caller renames it into place or drops it).
     pub fn finish(self, caches: &CacheSet) -> Result<ScratchFile> {
         let RowsWriter {
             keys,
@@ -303,26 +286,21 @@ impl RowsWriter {
             total,
         } = self;
         let path = keys_file.path().to_path_buf();
-        let mut out = keys
+        let unbuffer = |e: std::io::IntoInnerError<BufWriter<File>>, path: &Path| {
+            Error::io("cannot write", path, e.into_error())
+        };
+        let out = keys.into_inner().map_err(|e| unbuffer(e, &path))?;
+        let weights_in = weights
             .into_inner()
-            .map_err(|e| Error::io("cannot write", &path, std::io::Error::other(e.to_string())))?;
-        let mut weights_in = weights
-            .into_inner()
-            .map_err(|e| Error::io("cannot write", &path, std::io::Error::other(e.to_string())))?;
-        let (weights_at, alias_at, len) = Header::layout(rows);
-        out.set_len(weights_at).at("cannot write", &path)?;
-        out.seek(SeekFrom::Start(weights_at))
-            .at("cannot write", &path)?;
-        weights_in
-            .seek(SeekFrom::Start(0))
-            .at("cannot read", weights_file.path())?;
-        // copy_file_range on Linux: the kernel moves the pages.
-        std::io::copy(&mut weights_in, &mut out).at("cannot write", &path)?;
-        drop(weights_file);
+            .map_err(|e| unbuffer(e, weights_file.path()))?;
+        let (alias_at, len) = Header::layout(rows);
         out.set_len(len).at("cannot write", &path)?;
+        let n = rows as usize;
         {
-            // SAFETY: a scratch file of ours, locked, that nobody else maps.
+            // SAFETY: scratch files of ours, locked, that nobody else maps.
             let mut map = unsafe { MmapMut::map_mut(&out) }.at("cannot map", &path)?;
+            let weights_map =
+                unsafe { memmap2::Mmap::map(&weights_in) }.at("cannot map", weights_file.path())?;
             let stack_file = ScratchFile::create(path.parent().unwrap_or(Path::new(".")))?;
             let stack_handle = stack_file.file()?;
             stack_handle
@@ -331,24 +309,22 @@ impl RowsWriter {
             // SAFETY: as above.
             let mut stack_map =
                 unsafe { MmapMut::map_mut(&stack_handle) }.at("cannot map", stack_file.path())?;
-            let n = rows as usize;
-            let (head, alias_bytes) = map.split_at_mut(alias_at as usize);
-            let weights: &[f64] = cast(&head[weights_at as usize..weights_at as usize + n * 8]);
-            let columns: &mut [AliasColumn] = cast_mut(&mut alias_bytes[..n * 8]);
+            let weights: &[f64] = cast(&weights_map[..n * 8]);
+            let columns: &mut [AliasColumn] =
+                cast_mut(&mut map[alias_at as usize..alias_at as usize + n * 8]);
             let stack: &mut [u32] = cast_mut(&mut stack_map[..n * 4]);
             build_alias(weights, total, columns, stack)?;
-            let checksum = xxh3_64(&map[HEADER..]);
             let header = Header {
                 rows,
                 caches_key: caches_key(caches),
-                weights: weights_at,
                 alias: alias_at,
                 len,
-                checksum,
+                checksum: xxh3_64(&map[HEADER..]),
             };
             map[..HEADER].copy_from_slice(&header.bytes());
             map.flush().at("cannot fsync", &path)?;
         }
+        drop(weights_file);
         out.sync_all().at("cannot fsync", &path)?;
         Ok(keys_file)
     }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! <state_dir>/<dataset>/populations/<id>.arrow   Arrow IPC stream of the table as supplied
-//! <state_dir>/<dataset>/populations/<id>.rows    its records, weights and alias table (rows.rs)
+//! <state_dir>/<dataset>/populations/<id>.rows    its records and alias table (rows.rs)
 //! <state_dir>/<dataset>/active.json              {"population": id, "epoch_len": n}
 //! <state_dir>/<dataset>/active.lock              locked while active.json changes
 //! ```

@@ -301,7 +301,7 @@ impl BatchContext {
             )));
         }
         for column in &self.columns {
-            arrays.push(column.take(&self.population, rows)?);
+            arrays.push(column.take(rows)?);
         }
         Ok(RecordBatch::try_new(self.schema.clone(), arrays)?)
     }
