@@ -154,6 +154,32 @@ fn a_streamed_table_has_the_id_of_the_table_stored_whole() {
 }
 
 #[test]
+fn large_batches_written_on_two_threads_keep_the_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let one = table(&caches);
+    let table =
+        arrow_select::concat::concat_batches(&one.schema(), &vec![one.clone(); 40]).unwrap();
+    let whole = store.put_table(&table).unwrap();
+    let written = write_population(
+        caches.clone(),
+        &store.scratch_dir(),
+        batches(&table, &[5000, 4096]),
+    )
+    .unwrap();
+    assert_eq!(written.id, whole);
+    let id = store.keep(written).unwrap();
+    let streamed = store.open_population(&id, &caches).unwrap();
+    let reference = Population::from_table(&caches, table).unwrap();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let order = StreamOrder::Weighted { key: 5 };
+    order.rows_at(streamed.alias(), 0..20_000, &mut a);
+    order.rows_at(reference.alias(), 0..20_000, &mut b);
+    assert_eq!(a, b);
+}
+
+#[test]
 fn a_streamed_population_reads_back_as_the_table_and_draws_alike() {
     let dir = tempfile::tempdir().unwrap();
     let caches = caches(&dir.path().join("caches"));

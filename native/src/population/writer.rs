@@ -113,13 +113,22 @@ impl PopulationWriter {
                 if self.spill.is_none() {
                     self.spill = Some(TableSpill::create(&self.dir, canonical.schema())?);
                 }
-                if let Some(spill) = &mut self.spill {
+                let (Some(spill), Some(rows)) = (&mut self.spill, &mut self.rows) else {
+                    return Ok(());
+                };
+                let mut push_rows =
+                    || rows.push(&checked.cache_index, &checked.sample_ids, &checked.weights);
+                // A put is bound by its writes (page-cache copies): the table's
+                // and the rows file's go on two threads for a batch of any size.
+                if batch.num_rows() < PARALLEL_ROWS {
                     spill.append(&canonical)?;
+                    return push_rows();
                 }
-                if let Some(rows) = &mut self.rows {
-                    rows.push(&checked.cache_index, &checked.sample_ids, &checked.weights)?;
-                }
-                Ok(())
+                std::thread::scope(|scope| {
+                    let table = scope.spawn(|| spill.append(&canonical));
+                    let pushed = push_rows();
+                    join(table).and(pushed)
+                })
             }
             Ok(_) => Ok(()),
             Err(error) => self.fail(error, offset),
@@ -176,8 +185,15 @@ impl PopulationWriter {
         let (Some(spill), Some(rows)) = (self.spill, self.rows) else {
             return Err(Error::population(EMPTY_TABLE));
         };
-        let table = spill.finish()?;
-        let rows_file = rows.finish(&self.caches)?;
+        // The table's stream (a copy and a hash) and the alias table (built
+        // in place) are independent: two threads.
+        let caches = &self.caches;
+        let (table, rows_file) = std::thread::scope(|scope| {
+            let table = scope.spawn(|| spill.finish());
+            let rows_file = rows.finish(caches);
+            (join(table), rows_file)
+        });
+        let (table, rows_file) = (table?, rows_file?);
         Ok(WrittenPopulation {
             id: table.id,
             rows: self.count,
@@ -202,6 +218,16 @@ impl WrittenPopulation {
     pub fn open_unnamed(self, caches: &CacheSet) -> Result<Population> {
         Population::open(self.table.path(), self.rows_file.path(), caches)
     }
+}
+
+/// Batches of at least this many rows are written on two threads.
+const PARALLEL_ROWS: usize = 4096;
+
+/// The result of a scoped thread; a panic in it becomes an internal error.
+fn join<T>(handle: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
+    handle
+        .join()
+        .unwrap_or_else(|_| Err(Error::internal("a population writer thread panicked")))
 }
 
 fn field_list(schema: &SchemaRef) -> Vec<String> {
