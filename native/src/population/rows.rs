@@ -251,6 +251,7 @@ impl RowsWriter {
 
     /// Append validated rows: each row's cache position, sample id and weight.
     pub fn push(&mut self, cache_index: &[u32], sample_ids: &[u64], weights: &[f64]) -> Result<()> {
+        let mut keys = Vec::with_capacity(cache_index.len() * 8);
         for (&ci, &sid) in cache_index.iter().zip(sample_ids) {
             if sid > MAX_SAMPLE_ID || ci as usize >= MAX_CACHES {
                 return Err(Error::invalid(format!(
@@ -258,17 +259,19 @@ impl RowsWriter {
                      name ({MAX_CACHES} caches of {MAX_SAMPLE_ID} records)"
                 )));
             }
-            let key = (u64::from(ci) << SAMPLE_BITS) | sid;
-            self.keys
-                .write_all(&key.to_le_bytes())
-                .at("cannot write", self.keys_file.path())?;
+            keys.extend_from_slice(&((u64::from(ci) << SAMPLE_BITS) | sid).to_le_bytes());
         }
+        self.keys
+            .write_all(&keys)
+            .at("cannot write", self.keys_file.path())?;
+        let mut bytes = Vec::with_capacity(weights.len() * 8);
         for &w in weights {
             self.total += w;
-            self.weights
-                .write_all(&w.to_le_bytes())
-                .at("cannot write", self.weights_file.path())?;
+            bytes.extend_from_slice(&w.to_le_bytes());
         }
+        self.weights
+            .write_all(&bytes)
+            .at("cannot write", self.weights_file.path())?;
         self.rows += cache_index.len() as u64;
         Ok(())
     }
