@@ -28,7 +28,7 @@ pub use scratch::{library_scratch_dir, TEMP_PREFIX};
 pub use store::{
     canonical, check_population_id, ActivationLock, ActivePopulation, PopulationStore,
 };
-pub use table::MappedTable;
+pub use table::{checked_slices, MappedTable};
 pub use validate::validate_table;
 pub use writer::{write_population, PopulationWriter, WrittenPopulation};
 
@@ -132,6 +132,12 @@ impl Population {
     /// views of the mapped file.
     pub fn table(&self) -> Result<RecordBatch> {
         self.table.checked_table()
+    }
+
+    /// The table, its values not checked yet: for `checked_slices`, which
+    /// checks each slice as it is read instead of the whole table up front.
+    pub fn unchecked_table(&self) -> RecordBatch {
+        self.table.unchecked()
     }
 
     pub fn num_rows(&self) -> usize {

@@ -82,15 +82,10 @@ impl ArrowTable {
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = requested_schema; // the table is exported in its own schema
-                                  // In slices of the (mapped) table, without a copy: a consumer holds a
-                                  // slice at a time, and a Flight stream sends bounded messages.
-        let batch = self.batch.clone();
-        let rows = batch.num_rows();
-        let slices = (0..rows)
-            .step_by(crate::population::BATCH_ROWS)
-            .map(move |start| {
-                Ok(batch.slice(start, crate::population::BATCH_ROWS.min(rows - start)))
-            });
+                                  // In slices of the (mapped) table, without a copy, each checked as it
+                                  // goes: a consumer holds a slice at a time, a Flight stream sends
+                                  // bounded messages, and nothing reads the whole table up front.
+        let slices = crate::population::checked_slices(self.batch.clone());
         let reader = RecordBatchIterator::new(slices, self.batch.schema());
         export_stream(py, Box::new(reader))
     }

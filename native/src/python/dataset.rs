@@ -168,7 +168,9 @@ impl Dataset {
     }
 
     fn metadata(&self) -> PyResult<ArrowTable> {
-        Ok(ArrowTable::new(self.inner.population().py()?.table().py()?))
+        Ok(ArrowTable::new(
+            self.inner.population().py()?.unchecked_table(),
+        ))
     }
 
     fn update_metadata(&self, py: Python<'_>, table: &Bound<'_, PyAny>) -> PyResult<()> {

@@ -167,7 +167,7 @@ impl DatasetService {
                     }
                     None => self.inner.active()?.population,
                 };
-                self.inner.population(&id).and_then(|p| p.table())
+                self.inner.population(&id).map(|p| p.unchecked_table())
             })
             .py()?;
         Ok(ArrowTable::new(table))
