@@ -27,6 +27,17 @@ pub fn prefetch_line<T>(ptr: *const T) {
 /// table's already-written pages into huge pages now; where it is refused (an
 /// older kernel, huge pages off) nothing changes.
 pub fn huge_pages<T>(table: &[T]) {
+    advise_huge_pages(table, true);
+}
+
+/// For a table in a mapped file: only ask that later faults map huge pages
+/// (`MADV_HUGEPAGE`). A collapse would read the whole file now, O(rows) work
+/// when a population or a cache is opened, which must read nothing per row.
+pub fn huge_pages_hint<T>(table: &[T]) {
+    advise_huge_pages(table, false);
+}
+
+fn advise_huge_pages<T>(table: &[T], collapse: bool) {
     #[cfg(target_os = "linux")]
     {
         const HUGE_PAGE: usize = 2 << 20;
@@ -42,14 +53,19 @@ pub fn huge_pages<T>(table: &[T]) {
         if end <= begin {
             return;
         }
-        for advice in [libc::MADV_HUGEPAGE, MADV_COLLAPSE] {
+        let advice: &[libc::c_int] = if collapse {
+            &[libc::MADV_HUGEPAGE, MADV_COLLAPSE]
+        } else {
+            &[libc::MADV_HUGEPAGE]
+        };
+        for &advice in advice {
             // SAFETY: [begin, end) lies inside `table`'s allocation, and neither
             // advice changes its contents (a collapse copies them into huge pages).
             unsafe { libc::madvise(begin as *mut libc::c_void, end - begin, advice) };
         }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = table;
+    let _ = (table, collapse);
 }
 
 #[cfg(test)]

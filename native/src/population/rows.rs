@@ -159,7 +159,7 @@ impl PopulationRows {
         let keys = Slab::mapped(&map, HEADER, rows).map_err(damaged)?;
         let alias = Slab::mapped(&map, header.alias as usize, rows).map_err(damaged)?;
         for slab_start in [HEADER, header.alias as usize] {
-            crate::prefetch::huge_pages(&map[slab_start..]);
+            crate::prefetch::huge_pages_hint(&map[slab_start..]);
         }
         Ok(PopulationRows {
             keys,

@@ -87,7 +87,7 @@ impl Cache {
                 .map_err(|e| Error::corrupt(&index_path, e))?,
             None => Slab::from_vec(Vec::new()),
         };
-        crate::prefetch::huge_pages(&index);
+        crate::prefetch::huge_pages_hint(&index);
         let (metadata, metadata_map) = read_metadata(dir, &manifest)?;
         let mapped_files: Vec<(&'static str, Arc<MappedFile>)> = index_map
             .iter()
