@@ -297,37 +297,26 @@ impl ColumnSpill {
     }
 }
 
-/// A string or binary array's offsets (widened) and values.
-fn byte_offsets(array: &ArrayRef) -> Result<(Vec<i64>, &[u8])> {
-    Ok(match array.data_type() {
-        DataType::Utf8 => {
-            let a = array.as_string::<i32>();
-            (
-                a.value_offsets().iter().map(|&o| o as i64).collect(),
-                a.value_data(),
-            )
-        }
-        DataType::LargeUtf8 => {
-            let a = array.as_string::<i64>();
-            (a.value_offsets().to_vec(), a.value_data())
-        }
-        DataType::Binary => {
-            let a = array.as_binary::<i32>();
-            (
-                a.value_offsets().iter().map(|&o| o as i64).collect(),
-                a.value_data(),
-            )
-        }
-        DataType::LargeBinary => {
-            let a = array.as_binary::<i64>();
-            (a.value_offsets().to_vec(), a.value_data())
+/// A string or binary array's offsets (widened to i64) and its values'
+/// buffer: the same two buffers for the four types, 32- or 64-bit offsets.
+fn byte_offsets(array: &ArrayRef) -> Result<(Vec<i64>, arrow_buffer::Buffer)> {
+    let data = array.to_data();
+    let range = data.offset()..data.offset() + data.len() + 1;
+    let offsets = match data.data_type() {
+        DataType::Utf8 | DataType::Binary => data.buffers()[0].typed_data::<i32>()[range]
+            .iter()
+            .map(|&o| i64::from(o))
+            .collect(),
+        DataType::LargeUtf8 | DataType::LargeBinary => {
+            data.buffers()[0].typed_data::<i64>()[range].to_vec()
         }
         other => {
             return Err(Error::internal(format!(
                 "a column of type {other} was spilled as strings"
             )))
         }
-    })
+    };
+    Ok((offsets, data.buffers()[1].clone()))
 }
 
 /// i64 offsets rewritten as i32 into a new scratch file beside `near`.

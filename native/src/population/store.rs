@@ -26,7 +26,7 @@
 //! scan `populations/`, which may hold thousands of files.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Cursor, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
@@ -34,7 +34,6 @@ use std::sync::Arc;
 use super::PopulationRows;
 use crate::hash::xxh3_128;
 use arrow_array::RecordBatch;
-use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
@@ -205,22 +204,7 @@ impl PopulationStore {
     /// Check the population `id` in full: its table hashes to its id and its
     /// rows file matches its checksum.
     pub fn verify(&self, id: &str) -> Result<()> {
-        check_population_id(id)?;
-        let path = self.path_of(id);
-        let file = match File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(self.not_found(id)),
-            Err(e) => return Err(Error::io("cannot open", &path, e)),
-        };
-        // Hashed through a mapping: a 10^9-row table is not read into memory.
-        let map = crate::storage::mapped::MappedFile::map(&file).at("cannot map", &path)?;
-        let computed = format!("{:032x}", xxh3_128(&map));
-        if computed != id {
-            return Err(Error::corrupt(
-                &path,
-                format!("the content hashes to {computed}, not to its name"),
-            ));
-        }
+        self.check_table_hash(id)?;
         let rows = self.rows_path_of(id);
         if rows.exists() {
             PopulationRows::verify(&rows)?;
@@ -301,29 +285,29 @@ impl PopulationStore {
 
     /// The table stored under `id`, verified against its id.
     pub fn load(&self, id: &str) -> Result<RecordBatch> {
+        let path = self.check_table_hash(id)?;
+        super::MappedTable::open(&path)?.checked_table()
+    }
+
+    /// The table file of `id`, hashed (through a mapping: a 10^9-row table is
+    /// not read into memory) and found equal to its name.
+    fn check_table_hash(&self, id: &str) -> Result<PathBuf> {
         check_population_id(id)?;
         let path = self.path_of(id);
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(self.not_found(id));
-            }
-            Err(e) => return Err(Error::io("cannot read", &path, e)),
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(self.not_found(id)),
+            Err(e) => return Err(Error::io("cannot open", &path, e)),
         };
-        let computed = format!("{:032x}", xxh3_128(&bytes));
+        let map = crate::storage::mapped::MappedFile::map(&file).at("cannot map", &path)?;
+        let computed = format!("{:032x}", xxh3_128(&map));
         if computed != id {
             return Err(Error::corrupt(
                 &path,
                 format!("the content hashes to {computed}, not to its name"),
             ));
         }
-        let reader = StreamReader::try_new(Cursor::new(bytes), None)
-            .map_err(|e| Error::corrupt(&path, format!("not an Arrow IPC stream: {e}")))?;
-        let schema = reader.schema();
-        let batches = reader
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| Error::corrupt(&path, format!("not an Arrow IPC stream: {e}")))?;
-        Ok(arrow_select::concat::concat_batches(&schema, &batches)?)
+        Ok(path)
     }
 
     /// Delete the population `id`. The caller checked that it is not active

@@ -23,7 +23,7 @@ pub struct MappedTable {
     path: PathBuf,
     /// Per column: its values checked in full (or why they failed).
     checked: Vec<OnceLock<std::result::Result<(), String>>>,
-    map: Option<Arc<MappedFile>>,
+    map: Arc<MappedFile>,
 }
 
 impl MappedTable {
@@ -87,21 +87,8 @@ impl MappedTable {
             table,
             path: path.to_path_buf(),
             checked,
-            map: Some(map),
+            map,
         })
-    }
-
-    /// A table held in memory (checked already).
-    pub fn in_memory(table: RecordBatch) -> Self {
-        let checked = (0..table.num_columns())
-            .map(|_| OnceLock::from(Ok(())))
-            .collect();
-        MappedTable {
-            table,
-            path: PathBuf::new(),
-            checked,
-            map: None,
-        }
     }
 
     pub fn schema(&self) -> SchemaRef {
@@ -114,10 +101,7 @@ impl MappedTable {
 
     /// The file, if a read found it cut short under its mapping.
     pub fn truncated(&self) -> Option<&Path> {
-        self.map
-            .as_ref()
-            .is_some_and(|m| m.truncated())
-            .then_some(self.path.as_path())
+        self.map.truncated().then_some(self.path.as_path())
     }
 
     /// Column `i`, its values checked in full on first use.

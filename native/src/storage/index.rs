@@ -85,7 +85,9 @@ impl IndexEntry {
         out.extend_from_slice(&self.checksum.to_le_bytes());
     }
 
-    /// Decode one entry; `Err` describes what is malformed.
+    /// Decode one entry; `Err` describes what is malformed. (Readers map
+    /// `index.bin` and read `StoredEntry`s in place.)
+    #[cfg(test)]
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
         if bytes.len() != INDEX_ENTRY_BYTES {
             return Err(format!(
