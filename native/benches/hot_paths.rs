@@ -127,7 +127,10 @@ impl Fixtures {
     fn table(&self) -> &RecordBatch {
         self.table.get_or_init(|| {
             let full = Population::full(self.rows()).expect("the full population");
-            let table = full.table().expect("the full table");
+            let table = full
+                .table()
+                .and_then(|t| t.concat())
+                .expect("the full table");
             let weight_at = table.schema().index_of("weight").expect("a weight column");
             let mut columns: Vec<ArrayRef> = table.columns().to_vec();
             columns[weight_at] = Arc::new(Float64Array::from_iter_values(

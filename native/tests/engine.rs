@@ -136,7 +136,7 @@ fn populations_reject_changed_stored_values() {
     let dir = tempfile::tempdir().unwrap();
     let set = caches(dir.path());
     let full = Population::full(&set).unwrap();
-    let table = full.table().unwrap();
+    let table = full.table().unwrap().concat().unwrap();
     let label_at = table.schema().index_of("label").unwrap();
     let mut labels: Vec<i64> = table
         .column(label_at)

@@ -180,6 +180,59 @@ fn large_batches_written_on_two_threads_keep_the_id() {
 }
 
 #[test]
+fn a_table_of_several_chunks_keeps_the_id_and_reads_back_across_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let one = table(&caches);
+    // 150,000 rows: chunks of 65,536, 65,536 and 18,928, cut across batches.
+    let table =
+        arrow_select::concat::concat_batches(&one.schema(), &vec![one.clone(); 500]).unwrap();
+    let old = PopulationStore::open(&dir.path().join("old")).unwrap();
+    let whole = old.put_table(&table).unwrap();
+    let written = write_population(
+        caches.clone(),
+        &store.scratch_dir(),
+        batches(&table, &[70_001, 4_096, 13, 65_536]),
+    )
+    .unwrap();
+    assert_eq!(written.id, whole);
+    let id = store.keep(written).unwrap();
+    store.verify(&id).unwrap();
+    let streamed = store.open_population(&id, &caches).unwrap();
+    let chunks = streamed.table().unwrap();
+    assert_eq!(chunks.batches().len(), 3);
+    let canonical = dataset_rt_native::population::canonical(&table).unwrap();
+    assert_eq!(chunks.concat().unwrap(), canonical);
+    let rows: Vec<u32> = vec![0, 65_535, 65_536, 149_999, 131_072, 7, 131_071];
+    for field in canonical.schema().fields() {
+        let column = streamed.column(field.name()).unwrap().unwrap();
+        let expected = arrow_select::take::take(
+            canonical.column_by_name(field.name()).unwrap().as_ref(),
+            &arrow_array::UInt32Array::from(rows.clone()),
+            None,
+        )
+        .unwrap();
+        let expected = match field.name().as_str() {
+            // Streams carry the weight as Float64 and stored columns in the cache's type.
+            "weight" => arrow_cast::cast(&expected, &arrow_schema::DataType::Float64).unwrap(),
+            _ => expected,
+        };
+        assert_eq!(
+            column.take(&rows).unwrap().as_ref(),
+            expected.as_ref(),
+            "{field}"
+        );
+    }
+    let slices: Vec<RecordBatch> = chunks.checked_slices().map(|s| s.unwrap()).collect();
+    assert_eq!(
+        slices.iter().map(RecordBatch::num_rows).sum::<usize>(),
+        150_000
+    );
+    assert!(slices.iter().all(|s| s.schema().metadata().is_empty()));
+}
+
+#[test]
 fn a_streamed_population_reads_back_as_the_table_and_draws_alike() {
     let dir = tempfile::tempdir().unwrap();
     let caches = caches(&dir.path().join("caches"));
@@ -190,7 +243,10 @@ fn a_streamed_population_reads_back_as_the_table_and_draws_alike() {
     let id = store.keep(written).unwrap();
     let streamed = store.open_population(&id, &caches).unwrap();
     let whole = Population::from_table(&caches, table.clone()).unwrap();
-    assert_eq!(streamed.table().unwrap(), whole.table().unwrap());
+    assert_eq!(
+        streamed.table().unwrap().concat().unwrap(),
+        whole.table().unwrap().concat().unwrap()
+    );
     let order = StreamOrder::Weighted { key: 11 };
     let (mut a, mut b) = (Vec::new(), Vec::new());
     order.rows_at(streamed.alias(), 0..5000, &mut a);
@@ -323,7 +379,9 @@ fn a_damaged_table_file_is_refused_or_read_with_errors_never_a_crash() {
             Err(_) => refused += 1,
             Ok(population) => {
                 opened += 1;
-                let _ = dataset_rt_native::population::checked_slices(population.unchecked_table())
+                let _ = population
+                    .unchecked_table()
+                    .checked_slices()
                     .collect::<Vec<_>>();
                 for name in &names {
                     if let Ok(Some(column)) = population.column(name) {

@@ -64,6 +64,8 @@ fn weighted(service: &DatasetService, weight: f64) -> RecordBatch {
         .population(&active.population)
         .unwrap()
         .table()
+        .unwrap()
+        .concat()
         .unwrap();
     with_column(&table, "weight", vec![weight; table.num_rows()])
 }

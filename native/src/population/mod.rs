@@ -7,16 +7,17 @@
 mod column_types;
 mod rows;
 mod scratch;
-mod spill;
 mod store;
 mod table;
+mod table_file;
+mod table_id;
 mod validate;
 mod writer;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Float64Array, RecordBatch, UInt32Array, UInt64Array};
+use arrow_array::{ArrayRef, Float64Array, RecordBatch, UInt64Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::{Error, Result};
@@ -28,7 +29,8 @@ pub use scratch::{library_scratch_dir, TEMP_PREFIX};
 pub use store::{
     canonical, check_population_id, ActivationLock, ActivePopulation, PopulationStore,
 };
-pub use table::{checked_slices, MappedTable};
+pub use table::{ChunkedColumn, Chunks, MappedTable};
+pub use table_id::table_id;
 pub use validate::validate_table;
 pub use writer::{write_population, PopulationWriter, WrittenPopulation};
 
@@ -49,7 +51,7 @@ pub struct Population {
 /// cast to `cast` (a stored column's cache type, Float64 for the weight).
 pub struct PopulationColumn {
     pub field: Field,
-    array: ArrayRef,
+    column: ChunkedColumn,
     cast: Option<DataType>,
 }
 
@@ -130,13 +132,13 @@ impl Population {
 
     /// The table as supplied (canonical), its values checked; its arrays are
     /// views of the mapped file.
-    pub fn table(&self) -> Result<RecordBatch> {
-        self.table.checked_table()
+    pub fn table(&self) -> Result<Chunks> {
+        self.table.checked()
     }
 
-    /// The table, its values not checked yet: for `checked_slices`, which
-    /// checks each slice as it is read instead of the whole table up front.
-    pub fn unchecked_table(&self) -> RecordBatch {
+    /// The table, its values not checked yet: for `Chunks::checked_slices`,
+    /// which checks each slice as it is read instead of the whole table.
+    pub fn unchecked_table(&self) -> Chunks {
         self.table.unchecked()
     }
 
@@ -179,7 +181,7 @@ impl Population {
             return Ok(None);
         };
         let schema = self.table.schema();
-        let array = self.table.column(i)?;
+        let column = self.table.column(i)?;
         // The weight as validated: Float64 (every accepted type widens
         // exactly); stored columns in their cache's type.
         let cast = match name {
@@ -194,7 +196,11 @@ impl Population {
             Some(dtype) => Field::new(name, dtype.clone(), false),
             None => schema.field(i).clone(),
         };
-        Ok(Some(PopulationColumn { field, array, cast }))
+        Ok(Some(PopulationColumn {
+            field,
+            column,
+            cast,
+        }))
     }
 
     /// The names of the columns a stream may carry: everything in the table.
@@ -214,9 +220,7 @@ impl Population {
 impl PopulationColumn {
     /// The column's values at population rows `rows`.
     pub fn take(&self, rows: &[u32]) -> Result<ArrayRef> {
-        let indices = UInt32Array::from(rows.to_vec());
-        let options = arrow_select::take::TakeOptions { check_bounds: true };
-        let taken = arrow_select::take::take(self.array.as_ref(), &indices, Some(options))?;
+        let taken = self.column.take(rows)?;
         match &self.cast {
             Some(dtype) if taken.data_type() != dtype => Ok(arrow_cast::cast(&taken, dtype)?),
             _ => Ok(taken),

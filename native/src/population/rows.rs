@@ -34,7 +34,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::hash::{xxh3_64, Xxh3};
 use crate::sampling::{build_alias, AliasColumn, AliasTable};
 use crate::storage::mapped::MappedFile;
-use crate::storage::{CacheSet, Slab};
+use crate::storage::{CacheSet, Slab, Writeback};
 
 const MAGIC: &[u8; 8] = b"DRTROWS1";
 const VERSION: u32 = 1;
@@ -222,7 +222,8 @@ impl PopulationRows {
 
 /// Writes a rows file as validated rows stream in.
 pub struct RowsWriter {
-    keys: BufWriter<File>,
+    /// Written back as it grows: the rows file is fsynced at the end.
+    keys: BufWriter<Writeback>,
     keys_file: ScratchFile,
     weights: BufWriter<File>,
     weights_file: ScratchFile,
@@ -235,7 +236,7 @@ impl RowsWriter {
     pub fn create(dir: &Path) -> Result<Self> {
         let keys_file = ScratchFile::create(dir)?;
         let weights_file = ScratchFile::create(dir)?;
-        let mut keys = BufWriter::with_capacity(WRITE_BUFFER, keys_file.file()?);
+        let mut keys = BufWriter::with_capacity(WRITE_BUFFER, Writeback::new(keys_file.file()?));
         keys.write_all(&[0u8; HEADER])
             .at("cannot write", keys_file.path())?;
         let weights = BufWriter::with_capacity(WRITE_BUFFER, weights_file.file()?);
@@ -289,13 +290,13 @@ impl RowsWriter {
             total,
         } = self;
         let path = keys_file.path().to_path_buf();
-        let unbuffer = |e: std::io::IntoInnerError<BufWriter<File>>, path: &Path| {
-            Error::io("cannot write", path, e.into_error())
-        };
-        let out = keys.into_inner().map_err(|e| unbuffer(e, &path))?;
+        let out = keys
+            .into_inner()
+            .map_err(|e| Error::io("cannot write", &path, e.into_error()))?
+            .into_inner();
         let weights_in = weights
             .into_inner()
-            .map_err(|e| unbuffer(e, weights_file.path()))?;
+            .map_err(|e| Error::io("cannot write", weights_file.path(), e.into_error()))?;
         let (alias_at, len) = Header::layout(rows);
         out.set_len(len).at("cannot write", &path)?;
         let n = rows as usize;

@@ -6,8 +6,8 @@
 //! <state_dir>/<dataset>/active.json              {"population": id, "epoch_len": n}
 //! <state_dir>/<dataset>/active.lock              locked while active.json changes
 //! ```
-//! The id is the xxh3-128 of the `.arrow` file's bytes (32 hex digits), so a
-//! file is verified by hashing it (`verify`), two writers of the same table
+//! The id is the xxh3-128 of the table as one IPC record batch (32 hex
+//! digits; `table_id.rs`), so a file is verified by hashing it (`verify`), two writers of the same table
 //! write the same file, and every write is a rename of a complete temporary
 //! file: concurrent puts of the same or different tables never corrupt the
 //! store. Both files are written as the table streams in (`writer.rs`) and
@@ -47,7 +47,7 @@ const ACTIVE: &str = "active.json";
 const ACTIVATION_LOCK: &str = "active.lock";
 use super::scratch::TEMP_PREFIX;
 use super::writer::{write_population, WrittenPopulation};
-use super::{Population, BATCH_ROWS};
+use super::Population;
 use crate::storage::CacheSet;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,10 +185,8 @@ impl PopulationStore {
         }
         let rows = self.rows_path_of(id);
         if !rows.exists() {
-            let mapped = super::MappedTable::open(&table)?.checked_table()?;
-            let slices = (0..mapped.num_rows())
-                .step_by(BATCH_ROWS)
-                .map(|start| Ok(mapped.slice(start, BATCH_ROWS.min(mapped.num_rows() - start))));
+            let mapped = super::MappedTable::open(&table)?.checked()?;
+            let slices = mapped.checked_slices().map(|s| s.map_err(Error::from));
             let written = write_population(caches.clone(), &self.scratch_dir(), slices)?;
             if written.id != id {
                 return Err(Error::corrupt(
@@ -283,31 +281,29 @@ impl PopulationStore {
         check_population_id(id).is_ok() && self.path_of(id).exists()
     }
 
-    /// The table stored under `id`, verified against its id.
+    /// The table stored under `id`, verified against its id, whole in memory
+    /// (for tests and small tables: a population is read by mapping it).
     pub fn load(&self, id: &str) -> Result<RecordBatch> {
-        let path = self.check_table_hash(id)?;
-        super::MappedTable::open(&path)?.checked_table()
+        self.check_table_hash(id)?.checked()?.concat()
     }
 
     /// The table file of `id`, hashed (through a mapping: a 10^9-row table is
     /// not read into memory) and found equal to its name.
-    fn check_table_hash(&self, id: &str) -> Result<PathBuf> {
+    fn check_table_hash(&self, id: &str) -> Result<super::MappedTable> {
         check_population_id(id)?;
         let path = self.path_of(id);
-        let file = match File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(self.not_found(id)),
-            Err(e) => return Err(Error::io("cannot open", &path, e)),
-        };
-        let map = crate::storage::mapped::MappedFile::map(&file).at("cannot map", &path)?;
-        let computed = format!("{:032x}", xxh3_128(&map));
+        if !path.exists() {
+            return Err(self.not_found(id));
+        }
+        let table = super::MappedTable::open(&path)?;
+        let computed = super::table_id(&table)?;
         if computed != id {
             return Err(Error::corrupt(
                 &path,
                 format!("the content hashes to {computed}, not to its name"),
             ));
         }
-        Ok(path)
+        Ok(table)
     }
 
     /// Delete the population `id`. The caller checked that it is not active

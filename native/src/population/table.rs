@@ -1,7 +1,13 @@
-//! A stored population table (`<id>.arrow`, one record batch of an Arrow IPC
-//! stream) mapped and read in place: its arrays are views of the file.
+//! A stored population table (`<id>.arrow`, an Arrow IPC stream) mapped and
+//! read in place: its arrays are views of the file.
 //!
-//! Mapping checks the file's structure and every buffer's extent, O(columns):
+//! A table is stored in chunks: record batches of `BATCH_ROWS` rows each (the
+//! last one shorter), written as the table streams in (`table_file.rs`), the
+//! schema marked `dataset_rt.layout = chunks`. A store written before that
+//! holds one record batch per table, the whole table; both are read alike
+//! (one chunk of all the rows).
+//!
+//! Mapping checks the file's structure and every buffer's extent, O(chunks):
 //! a truncated or malformed file is refused at once. The values of a column
 //! (offsets monotonic and in bounds, UTF-8) are checked in full the first time
 //! the column is read (`MappedTable::column`), once per population, so that
@@ -13,13 +19,144 @@ use std::sync::{Arc, OnceLock};
 
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_ipc::reader::StreamDecoder;
-use arrow_schema::SchemaRef;
+use arrow_schema::{Schema, SchemaRef};
 
+use super::BATCH_ROWS;
 use crate::error::{Error, IoContext, Result};
 use crate::storage::mapped::MappedFile;
 
+/// The schema metadata that marks a table stored in chunks.
+pub const LAYOUT_KEY: &str = "dataset_rt.layout";
+pub const CHUNKED: &str = "chunks";
+
+/// A table as a sequence of record batches of equal length (all but the last):
+/// the chunks of a mapped table, views of its file.
+#[derive(Clone)]
+pub struct Chunks {
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    /// Rows of every chunk but the last.
+    chunk_rows: usize,
+    rows: usize,
+}
+
+impl From<RecordBatch> for Chunks {
+    /// A table of one chunk.
+    fn from(batch: RecordBatch) -> Self {
+        let rows = batch.num_rows();
+        Chunks {
+            schema: batch.schema(),
+            batches: vec![batch],
+            chunk_rows: rows.max(1),
+            rows,
+        }
+    }
+}
+
+impl Chunks {
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    pub fn num_rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn batches(&self) -> &[RecordBatch] {
+        &self.batches
+    }
+
+    /// The whole table as one batch, in memory (tests and small tables).
+    pub fn concat(&self) -> Result<RecordBatch> {
+        Ok(arrow_select::concat::concat_batches(
+            &self.schema,
+            &self.batches,
+        )?)
+    }
+
+    /// The table in slices of at most `BATCH_ROWS` rows, without a copy, each
+    /// slice's values checked in full before it is handed on (offsets in
+    /// bounds, UTF-8): the way a mapped table leaves the engine for Python or
+    /// Flight, reading nothing up front.
+    pub fn checked_slices(
+        self,
+    ) -> impl Iterator<Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>> + Send
+    {
+        let Chunks {
+            schema, batches, ..
+        } = self;
+        let mut start = 0;
+        let slices: Vec<(usize, RecordBatch)> = batches
+            .into_iter()
+            .flat_map(|batch| {
+                let rows = batch.num_rows();
+                (0..rows)
+                    .step_by(BATCH_ROWS)
+                    .map(|at| batch.slice(at, BATCH_ROWS.min(rows - at)))
+                    .collect::<Vec<_>>()
+            })
+            .map(|slice| {
+                let at = start;
+                start += slice.num_rows();
+                (at, slice)
+            })
+            .collect();
+        slices.into_iter().map(move |(at, slice)| {
+            for (column, field) in slice.columns().iter().zip(schema.fields()) {
+                column.to_data().validate_full().map_err(|e| {
+                    arrow_schema::ArrowError::InvalidArgumentError(format!(
+                        "the population's stored table is damaged at rows {at}.., column '{}': \
+                         {e}",
+                        field.name()
+                    ))
+                })?;
+            }
+            RecordBatch::try_new(schema.clone(), slice.columns().to_vec())
+        })
+    }
+}
+
+/// One column of a chunked table.
+#[derive(Clone)]
+pub struct ChunkedColumn {
+    chunks: Vec<ArrayRef>,
+    chunk_rows: usize,
+}
+
+impl ChunkedColumn {
+    /// The values at rows `rows` (each less than the table's length).
+    pub fn take(&self, rows: &[u32]) -> Result<ArrayRef> {
+        if let [whole] = self.chunks.as_slice() {
+            let indices = arrow_array::UInt32Array::from(rows.to_vec());
+            let options = arrow_select::take::TakeOptions { check_bounds: true };
+            return Ok(arrow_select::take::take(
+                whole.as_ref(),
+                &indices,
+                Some(options),
+            )?);
+        }
+        let mut indices = Vec::with_capacity(rows.len());
+        for &row in rows {
+            let (chunk, at) = (
+                row as usize / self.chunk_rows,
+                row as usize % self.chunk_rows,
+            );
+            if self.chunks.get(chunk).is_none_or(|c| at >= c.len()) {
+                return Err(Error::internal(format!(
+                    "row {row} is past the table's end"
+                )));
+            }
+            indices.push((chunk, at));
+        }
+        let chunks: Vec<&dyn Array> = self.chunks.iter().map(|c| c.as_ref()).collect();
+        Ok(arrow_select::interleave::interleave(&chunks, &indices)?)
+    }
+}
+
 pub struct MappedTable {
-    table: RecordBatch,
+    chunks: Chunks,
+    /// Stored in chunks (else one batch, as stores were before).
+    chunked: bool,
     path: PathBuf,
     /// Per column: its values checked in full (or why they failed).
     checked: Vec<OnceLock<std::result::Result<(), String>>>,
@@ -38,8 +175,8 @@ impl MappedTable {
             .ok_or_else(|| damaged("cannot be mapped".into()))?;
         // SAFETY: the values are checked before they are read: the structure
         // below (every buffer inside the file), the values per column in
-        // `column` / `checked_table`. Skipping the decoder's full validation
-        // keeps opening O(columns) instead of a read of the whole file.
+        // `column` / `checked_slices`. Skipping the decoder's full validation
+        // keeps opening O(chunks) instead of a read of the whole file.
         let mut decoder = unsafe { StreamDecoder::new().with_skip_validation(true) };
         let mut batches = Vec::new();
         while !buffer.is_empty() {
@@ -59,32 +196,50 @@ impl MappedTable {
         decoder
             .finish()
             .map_err(|e| damaged(format!("the Arrow IPC stream is cut short: {e}")))?;
-        let table = match batches.len() {
-            1 => batches.remove(0),
-            0 => return Err(damaged("the Arrow IPC stream holds no record batch".into())),
-            _ => {
-                // Not written by this engine: checked in full and joined.
-                for batch in &batches {
-                    for column in batch.columns() {
-                        column
-                            .to_data()
-                            .validate_full()
-                            .map_err(|e| damaged(e.to_string()))?;
-                    }
-                }
-                let schema = batches[0].schema();
-                arrow_select::concat::concat_batches(&schema, &batches)?
-            }
+        let Some(first) = batches.first() else {
+            return Err(damaged("the Arrow IPC stream holds no record batch".into()));
         };
-        for column in table.columns() {
-            column
-                .to_data()
-                .validate()
-                .map_err(|e| damaged(format!("a column's buffers do not fit: {e}")))?;
+        let stored = first.schema();
+        let chunked = stored.metadata().get(LAYOUT_KEY).map(String::as_str) == Some(CHUNKED);
+        if !chunked && batches.len() > 1 {
+            return Err(damaged(format!(
+                "the Arrow IPC stream holds {} record batches without the '{LAYOUT_KEY}: \
+                 {CHUNKED}' mark; a population table is one batch or marked chunks",
+                batches.len()
+            )));
         }
-        let checked = (0..table.num_columns()).map(|_| OnceLock::new()).collect();
+        let chunk_rows = first.num_rows();
+        let last = batches.len() - 1;
+        for (i, batch) in batches.iter().enumerate() {
+            let rows = batch.num_rows();
+            if rows == 0 || (i < last && rows != chunk_rows) || rows > chunk_rows {
+                return Err(damaged(format!(
+                    "chunk {i} holds {rows} rows; every chunk but the last holds {chunk_rows} \
+                     and none is empty"
+                )));
+            }
+            for column in batch.columns() {
+                column
+                    .to_data()
+                    .validate()
+                    .map_err(|e| damaged(format!("a column's buffers do not fit: {e}")))?;
+            }
+        }
+        let mut metadata = stored.metadata().clone();
+        metadata.remove(LAYOUT_KEY);
+        let schema = Arc::new(Schema::new(stored.fields().clone()).with_metadata(metadata));
+        let rows = batches.iter().map(RecordBatch::num_rows).sum();
+        let checked = (0..schema.fields().len())
+            .map(|_| OnceLock::new())
+            .collect();
         Ok(MappedTable {
-            table,
+            chunks: Chunks {
+                schema,
+                batches,
+                chunk_rows,
+                rows,
+            },
+            chunked,
             path: path.to_path_buf(),
             checked,
             map,
@@ -92,11 +247,26 @@ impl MappedTable {
     }
 
     pub fn schema(&self) -> SchemaRef {
-        self.table.schema()
+        self.chunks.schema()
     }
 
     pub fn num_rows(&self) -> usize {
-        self.table.num_rows()
+        self.chunks.rows
+    }
+
+    /// Stored in chunks (hashed as its canonical stream, `table_id`), not as
+    /// one batch (hashed as its bytes).
+    pub fn is_chunked(&self) -> bool {
+        self.chunked
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's bytes, mapped.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
     }
 
     /// The file, if a read found it cut short under its mapping.
@@ -105,61 +275,49 @@ impl MappedTable {
     }
 
     /// Column `i`, its values checked in full on first use.
-    pub fn column(&self, i: usize) -> Result<ArrayRef> {
-        let column = self
-            .table
-            .columns()
-            .get(i)
-            .ok_or_else(|| Error::internal(format!("no column {i}")))?;
-        let checked = self.checked[i]
-            .get_or_init(|| column.to_data().validate_full().map_err(|e| e.to_string()));
+    pub fn column(&self, i: usize) -> Result<ChunkedColumn> {
+        if i >= self.checked.len() {
+            return Err(Error::internal(format!("no column {i}")));
+        }
+        let chunks: Vec<ArrayRef> = self
+            .chunks
+            .batches
+            .iter()
+            .map(|b| b.column(i).clone())
+            .collect();
+        let checked = self.checked[i].get_or_init(|| {
+            chunks
+                .iter()
+                .try_for_each(|c| c.to_data().validate_full())
+                .map_err(|e| e.to_string())
+        });
         match checked {
-            Ok(()) => Ok(column.clone()),
+            Ok(()) => Ok(ChunkedColumn {
+                chunks,
+                chunk_rows: self.chunks.chunk_rows,
+            }),
             Err(e) => Err(Error::corrupt(
                 &self.path,
-                format!("column '{}': {e}", self.table.schema().field(i).name()),
+                format!("column '{}': {e}", self.schema().field(i).name()),
             )),
         }
     }
 
-    /// The whole table, its values not checked yet (see `checked_slices`).
-    pub fn unchecked(&self) -> RecordBatch {
-        self.table.clone()
+    /// The table, its values not checked yet (see `Chunks::checked_slices`).
+    pub fn unchecked(&self) -> Chunks {
+        self.chunks.clone()
     }
 
-    /// The whole table, every column checked.
-    pub fn checked_table(&self) -> Result<RecordBatch> {
-        for i in 0..self.table.num_columns() {
+    /// The table, every column checked.
+    pub fn checked(&self) -> Result<Chunks> {
+        for i in 0..self.checked.len() {
             self.column(i)?;
         }
-        Ok(self.table.clone())
+        Ok(self.chunks.clone())
     }
 
     /// The index of the column called `name`.
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.table.schema().index_of(name).ok()
+        self.chunks.schema.index_of(name).ok()
     }
-}
-
-/// `table` in slices of `BATCH_ROWS` rows, without a copy, each slice's values
-/// checked in full before it is handed on (offsets in bounds, UTF-8): the way
-/// a mapped table leaves the engine for Python or Flight, reading nothing up
-/// front.
-pub fn checked_slices(
-    table: RecordBatch,
-) -> impl Iterator<Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>> + Send {
-    let rows = table.num_rows();
-    (0..rows).step_by(super::BATCH_ROWS).map(move |start| {
-        let slice = table.slice(start, super::BATCH_ROWS.min(rows - start));
-        for (column, field) in slice.columns().iter().zip(slice.schema().fields()) {
-            column.to_data().validate_full().map_err(|e| {
-                arrow_schema::ArrowError::InvalidArgumentError(format!(
-                    "the population's stored table is damaged at rows {start}.., column '{}': \
-                     {e}",
-                    field.name()
-                ))
-            })?;
-        }
-        Ok(slice)
-    })
 }

@@ -2,8 +2,8 @@
 //! batch, with memory bounded by one batch.
 //!
 //! Each batch is validated as a table of its own (`validate_table`) and, if
-//! it passes, written to the table spill (`spill.rs`) and the rows file
-//! (`rows.rs`). A batch that fails does not stop the count: the remaining
+//! it passes, written to the table's file (`table_file.rs`) and the rows
+//! file (`rows.rs`). A batch that fails does not stop the count: the remaining
 //! batches are still checked, so that the refusal names the first offending
 //! row of the whole table and how many rows fail, as for a table validated
 //! whole. Nothing is stored unless every row passes (`finish`).
@@ -16,8 +16,8 @@ use arrow_schema::SchemaRef;
 
 use super::rows::RowsWriter;
 use super::scratch::ScratchFile;
-use super::spill::TableSpill;
 use super::store::canonical;
+use super::table_file::TableWriter;
 use super::validate::{check_unique_columns, validate_table, EMPTY_TABLE};
 use super::Population;
 use crate::error::{Error, Result};
@@ -37,7 +37,7 @@ pub struct PopulationWriter {
     dir: PathBuf,
     /// The schema of the batches as supplied (every batch must have it).
     supplied: Option<SchemaRef>,
-    spill: Option<TableSpill>,
+    table: Option<TableWriter>,
     rows: Option<RowsWriter>,
     count: u64,
     failure: Option<RowFailure>,
@@ -61,7 +61,7 @@ impl PopulationWriter {
             caches,
             dir: dir.to_path_buf(),
             supplied: None,
-            spill: None,
+            table: None,
             count: 0,
             failure: None,
         })
@@ -110,10 +110,10 @@ impl PopulationWriter {
         match validated {
             Ok(checked) if self.failure.is_none() => {
                 let canonical = canonical(batch)?;
-                if self.spill.is_none() {
-                    self.spill = Some(TableSpill::create(&self.dir, canonical.schema())?);
+                if self.table.is_none() {
+                    self.table = Some(TableWriter::create(&self.dir, &canonical.schema())?);
                 }
-                let (Some(spill), Some(rows)) = (&mut self.spill, &mut self.rows) else {
+                let (Some(table), Some(rows)) = (&mut self.table, &mut self.rows) else {
                     return Ok(());
                 };
                 let mut push_rows =
@@ -121,11 +121,11 @@ impl PopulationWriter {
                 // A put is bound by its writes (page-cache copies): the table's
                 // and the rows file's go on two threads for a batch of any size.
                 if batch.num_rows() < PARALLEL_ROWS {
-                    spill.append(&canonical)?;
+                    table.append(&canonical)?;
                     return push_rows();
                 }
                 std::thread::scope(|scope| {
-                    let table = scope.spawn(|| spill.append(&canonical));
+                    let table = scope.spawn(|| table.append(&canonical));
                     let pushed = push_rows();
                     join(table).and(pushed)
                 })
@@ -140,7 +140,7 @@ impl PopulationWriter {
         let Some((column, row, count, problem)) = error.row_failure() else {
             return Err(error);
         };
-        self.spill = None;
+        self.table = None;
         self.rows = None;
         let rank = self.rank_of(column);
         match &mut self.failure {
@@ -182,14 +182,14 @@ impl PopulationWriter {
                 &f.problem,
             ));
         }
-        let (Some(spill), Some(rows)) = (self.spill, self.rows) else {
+        let (Some(table), Some(rows)) = (self.table, self.rows) else {
             return Err(Error::population(EMPTY_TABLE));
         };
-        // The table's stream (a copy and a hash) and the alias table (built
-        // in place) are independent: two threads.
+        // The table's id (a read of its file) and the alias table (built in
+        // place) are independent: two threads.
         let caches = &self.caches;
         let (table, rows_file) = std::thread::scope(|scope| {
-            let table = scope.spawn(|| spill.finish());
+            let table = scope.spawn(|| table.finish());
             let rows_file = rows.finish(caches);
             (join(table), rows_file)
         });

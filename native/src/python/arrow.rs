@@ -11,6 +11,7 @@ use pyo3::types::PyCapsule;
 
 use super::errors::to_pyerr;
 use crate::error::Error;
+use crate::population::Chunks;
 
 const STREAM_CAPSULE: &CStr = c"arrow_array_stream";
 
@@ -64,12 +65,12 @@ pub fn import_stream(
 /// A table held by Rust, exported as a fresh C stream on every request.
 #[pyclass(frozen, module = "dataset_rt._native")]
 pub struct ArrowTable {
-    batch: RecordBatch,
+    table: Chunks,
 }
 
 impl ArrowTable {
-    pub fn new(batch: RecordBatch) -> Self {
-        ArrowTable { batch }
+    pub fn new(table: Chunks) -> Self {
+        ArrowTable { table }
     }
 }
 
@@ -85,17 +86,17 @@ impl ArrowTable {
                                   // In slices of the (mapped) table, without a copy, each checked as it
                                   // goes: a consumer holds a slice at a time, a Flight stream sends
                                   // bounded messages, and nothing reads the whole table up front.
-        let slices = crate::population::checked_slices(self.batch.clone());
-        let reader = RecordBatchIterator::new(slices, self.batch.schema());
+        let slices = self.table.clone().checked_slices();
+        let reader = RecordBatchIterator::new(slices, self.table.schema());
         export_stream(py, Box::new(reader))
     }
 
     #[getter]
     fn num_rows(&self) -> usize {
-        self.batch.num_rows()
+        self.table.num_rows()
     }
 
     fn __len__(&self) -> usize {
-        self.batch.num_rows()
+        self.table.num_rows()
     }
 }

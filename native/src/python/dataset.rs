@@ -306,7 +306,7 @@ impl Dataset {
         )]));
         let batch = RecordBatch::try_new(schema, vec![Arc::new(UInt32Array::from(rows))])
             .map_err(|e| to_pyerr(Error::from(e)))?;
-        Ok(ArrowTable::new(batch))
+        Ok(ArrowTable::new(batch.into()))
     }
 
     /// One record by identity. The exception classes are a sequence's

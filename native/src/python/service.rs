@@ -209,7 +209,7 @@ impl DatasetService {
     /// The schema of the stream a request names (checking that it can be served).
     fn schema(&self, py: Python<'_>, request: &StreamRequest) -> PyResult<ArrowTable> {
         let schema = py.detach(|| self.inner.check(&request.inner)).py()?;
-        Ok(ArrowTable::new(RecordBatch::new_empty(schema)))
+        Ok(ArrowTable::new(RecordBatch::new_empty(schema).into()))
     }
 
     fn stats(&self) -> ServiceStats {

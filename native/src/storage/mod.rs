@@ -25,6 +25,7 @@ pub(crate) mod publish;
 mod schema;
 mod slab;
 pub(crate) mod temp;
+mod writeback;
 mod writer;
 
 pub use cache::{Cache, CacheSet, VerifyReport};
@@ -38,6 +39,7 @@ pub use profile::{timed, Stage, StageTotals, WriteProfile};
 pub use publish::{check_source_names, validate_source_name, EMPTY_SOURCE};
 pub use schema::{ColumnSpec, MetaType, MetaValue, SchemaBinder};
 pub use slab::{arrow_buffer, Plain, Slab};
+pub use writeback::Writeback;
 pub use writer::{CacheWriter, WriterOptions};
 
 /// Records at least this large are read with `pread` rather than through the

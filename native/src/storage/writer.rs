@@ -22,6 +22,7 @@ use super::publish::EMPTY_SOURCE;
 use super::publish::{create_partial_dir, fsync_file, publish, validate_source_name};
 use super::schema::{ColumnBuilders, ColumnSpec, MetaValue};
 use super::temp::LockedTemp;
+use super::writeback::Writeback;
 use super::{hex64, shard_file_name, INDEX_FILE, LARGE_RECORD, MANIFEST_FILE, METADATA_FILE};
 
 /// Small records reach a shard in writes of up to this many bytes: the page
@@ -31,8 +32,6 @@ use super::{hex64, shard_file_name, INDEX_FILE, LARGE_RECORD, MANIFEST_FILE, MET
 /// records, 1 MiB writes left every shard in 4 KiB mappings.
 const SHARD_WRITE_CHUNK: usize = 8 << 20;
 
-/// A shard's writeback is started every this many bytes (`OpenShard::start_writeback`).
-const WRITEBACK_STEP: u64 = 8 << 20;
 use crate::error::{Error, IoContext, Result};
 
 /// How a cache is written. The types carry the rules (`NonZero*`, a checked
@@ -88,40 +87,12 @@ impl Default for WriterOptions {
 
 struct OpenShard {
     path: PathBuf,
-    out: BufWriter<File>,
+    /// Its writeback started as it grows, so that the `fsync` that closes
+    /// the shard waits only for the tail, not for the whole shard.
+    out: BufWriter<Writeback>,
     bytes: u64,
     records: u64,
     hasher: Xxh3,
-    /// Bytes whose writeback to the disk has been started.
-    flushing: u64,
-}
-
-impl OpenShard {
-    /// Start writing back what has reached the file since the last call, once
-    /// that is at least `WRITEBACK_STEP`: the disk then works while the
-    /// records after it are encoded and written, and the `fsync` that closes
-    /// the shard waits only for the tail, not for the whole shard.
-    fn start_writeback(&mut self) {
-        let written = self.bytes - self.out.buffer().len() as u64;
-        if written - self.flushing < WRITEBACK_STEP {
-            return;
-        }
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            // SAFETY: a valid open descriptor and an in-file range; the call only
-            // queues writeback (no data changes, and errors surface at `fsync`).
-            unsafe {
-                libc::sync_file_range(
-                    self.out.get_ref().as_raw_fd(),
-                    self.flushing as libc::off64_t,
-                    (written - self.flushing) as libc::off64_t,
-                    libc::SYNC_FILE_RANGE_WRITE,
-                );
-            }
-        }
-        self.flushing = written;
-    }
 }
 
 /// `index.bin` written as records are appended (40 bytes a record would
@@ -278,11 +249,10 @@ impl CacheWriter {
             let file = File::create(&path).at("cannot create", &path)?;
             self.shard = Some(OpenShard {
                 path,
-                out: BufWriter::with_capacity(SHARD_WRITE_CHUNK, file),
+                out: BufWriter::with_capacity(SHARD_WRITE_CHUNK, Writeback::new(file)),
                 bytes: 0,
                 records: 0,
                 hasher: Xxh3::new(),
-                flushing: 0,
             });
         }
         let shard_number = self.shards.len() as u32;
@@ -310,7 +280,6 @@ impl CacheWriter {
         })?;
         shard.bytes += stored.len() as u64;
         shard.records += 1;
-        shard.start_writeback();
         self.builders.push(metadata)?;
         self.identity.update(&record.raw_len.to_le_bytes());
         self.identity.update(&record.raw_hash.to_le_bytes());
@@ -330,7 +299,7 @@ impl CacheWriter {
                 .out
                 .into_inner()
                 .map_err(|e| Error::io("cannot write", &shard.path, e.into_error()))?;
-            file.sync_all().at("cannot fsync", &shard.path)?;
+            file.get_ref().sync_all().at("cannot fsync", &shard.path)?;
             self.shards.push(FileEntry {
                 file: file_name(&shard.path),
                 bytes: shard.bytes,

@@ -1,0 +1,108 @@
+//! `TableWriter`: a population's canonical table written as it streams in,
+//! once, to the file it is stored in.
+//!
+//! The file is an Arrow IPC stream of chunks: record batches of `BATCH_ROWS`
+//! rows (the last one shorter), the schema marked as chunked (`table.rs`).
+//! Batches as supplied are cut and joined into chunks as they arrive, so that
+//! a chunk's rows are found by division. The id is computed from the file
+//! once it is complete (`table_id.rs`): the same id as the table written
+//! whole, whatever the batching.
+
+use std::io::BufWriter;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_ipc::writer::StreamWriter;
+use arrow_schema::{Schema, SchemaRef};
+
+use super::scratch::ScratchFile;
+use super::table::{MappedTable, CHUNKED, LAYOUT_KEY};
+use super::table_id::table_id;
+use super::BATCH_ROWS;
+use crate::error::{Error, IoContext, Result};
+use crate::storage::Writeback;
+
+const WRITE_BUFFER: usize = 1 << 20;
+
+pub struct TableWriter {
+    file: ScratchFile,
+    out: StreamWriter<BufWriter<Writeback>>,
+    /// The canonical schema, marked as chunked.
+    schema: SchemaRef,
+    /// Rows of the next chunk, not written yet (fewer than `BATCH_ROWS`).
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
+}
+
+/// The stored table: its id and its complete file.
+pub struct StoredTable {
+    pub id: String,
+    pub file: ScratchFile,
+}
+
+impl TableWriter {
+    /// Write tables of the canonical `schema` (`store::canonical`) into `dir`.
+    pub fn create(dir: &Path, schema: &SchemaRef) -> Result<Self> {
+        let file = ScratchFile::create(dir)?;
+        let mut metadata = schema.metadata().clone();
+        metadata.insert(LAYOUT_KEY.to_string(), CHUNKED.to_string());
+        let schema = Arc::new(Schema::new(schema.fields().clone()).with_metadata(metadata));
+        let out = BufWriter::with_capacity(WRITE_BUFFER, Writeback::new(file.file()?));
+        let out = StreamWriter::try_new(out, &schema)?;
+        Ok(TableWriter {
+            file,
+            out,
+            schema,
+            pending: Vec::new(),
+            pending_rows: 0,
+        })
+    }
+
+    /// Append a canonical batch of this writer's schema.
+    pub fn append(&mut self, batch: &RecordBatch) -> Result<()> {
+        let rows = batch.num_rows();
+        let mut at = 0;
+        while at < rows {
+            let take = (BATCH_ROWS - self.pending_rows).min(rows - at);
+            self.pending.push(batch.slice(at, take));
+            self.pending_rows += take;
+            at += take;
+            if self.pending_rows == BATCH_ROWS {
+                self.write_chunk()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_chunk(&mut self) -> Result<()> {
+        let chunk = match self.pending.as_slice() {
+            [one] => one.clone(),
+            parts => arrow_select::concat::concat_batches(&parts[0].schema(), parts)?,
+        };
+        let chunk = RecordBatch::try_new(self.schema.clone(), chunk.columns().to_vec())?;
+        self.out.write(&chunk)?;
+        self.pending.clear();
+        self.pending_rows = 0;
+        Ok(())
+    }
+
+    /// Complete the file (fsynced) and compute its id.
+    pub fn finish(mut self) -> Result<StoredTable> {
+        if self.pending_rows > 0 {
+            self.write_chunk()?;
+        }
+        self.out.finish()?;
+        let path = self.file.path().to_path_buf();
+        let buffered = self.out.into_inner()?;
+        let file = buffered
+            .into_inner()
+            .map_err(|e| Error::io("cannot write", &path, e.into_error()))?;
+        file.get_ref().sync_all().at("cannot fsync", &path)?;
+        let id = table_id(&MappedTable::open(&path)?)?;
+        Ok(StoredTable {
+            id,
+            file: self.file,
+        })
+    }
+}
