@@ -49,7 +49,7 @@ impl TableWriter {
         metadata.insert(LAYOUT_KEY.to_string(), CHUNKED.to_string());
         let schema = Arc::new(Schema::new(schema.fields().clone()).with_metadata(metadata));
         let out = BufWriter::with_capacity(WRITE_BUFFER, Writeback::new(file.file()?));
-        let out = StreamWriter::try_new(out, &schema)?;
+        let out = written(StreamWriter::try_new(out, &schema), file.path())?;
         Ok(TableWriter {
             file,
             out,
@@ -81,7 +81,7 @@ impl TableWriter {
             parts => arrow_select::concat::concat_batches(&parts[0].schema(), parts)?,
         };
         let chunk = RecordBatch::try_new(self.schema.clone(), chunk.columns().to_vec())?;
-        self.out.write(&chunk)?;
+        written(self.out.write(&chunk), self.file.path())?;
         self.pending.clear();
         self.pending_rows = 0;
         Ok(())
@@ -92,9 +92,9 @@ impl TableWriter {
         if self.pending_rows > 0 {
             self.write_chunk()?;
         }
-        self.out.finish()?;
         let path = self.file.path().to_path_buf();
-        let buffered = self.out.into_inner()?;
+        written(self.out.finish(), &path)?;
+        let buffered = written(self.out.into_inner(), &path)?;
         let file = buffered
             .into_inner()
             .map_err(|e| Error::io("cannot write", &path, e.into_error()))?;
@@ -104,5 +104,15 @@ impl TableWriter {
             id,
             file: self.file,
         })
+    }
+}
+
+/// A write's result, an I/O failure as the file's (so that a full volume is
+/// `StorageFull`, as for every other file the engine writes).
+fn written<T>(result: std::result::Result<T, arrow_schema::ArrowError>, path: &Path) -> Result<T> {
+    match result {
+        Ok(value) => Ok(value),
+        Err(arrow_schema::ArrowError::IoError(_, e)) => Err(Error::io("cannot write", path, e)),
+        Err(other) => Err(other.into()),
     }
 }
