@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import sys
 import threading
 from collections import deque
 from typing import Any
@@ -18,6 +19,18 @@ log = logging.getLogger("dataset_rt.input")
 
 #: Batches whose waits are kept for the percentiles (the most recent ones).
 WINDOW = 10_000
+
+
+def show_input_logs() -> None:
+    """Make the input logs a user asked for (``log_input_every``) visible where
+    logging is not configured: this logger at INFO, and a stderr handler if no
+    handler would take its records (Python drops INFO records then)."""
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    if not log.hasHandlers():
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
 
 
 class InputStats:

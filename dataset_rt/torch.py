@@ -26,6 +26,7 @@ import os
 import select
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -52,12 +53,22 @@ from dataset_rt.loader import (
     check_population_id,
 )
 from dataset_rt.service import StreamRequest
-from dataset_rt.signals import InputStats
+from dataset_rt.signals import InputStats, show_input_logs
+from dataset_rt.signals import log as input_log
 
-#: A collated batch as the loader yields it, with the position of its first sample.
 #: A worker's batch for the loader: (first position, reader id, reader's stream
-#: restarts so far, batch); the reader id is the worker's id, -1 in-process.
-Tagged = tuple[int, int, int, Any]
+#: restarts so far, its failovers since its last batch in words, batch); the
+#: reader id is the worker's id, -1 in-process.
+Tagged = tuple[int, int, int, list[str], Any]
+
+#: Why a worker started while a worker process was importing the training script.
+MAIN_GUARD = (
+    "DataLoader workers were started while a worker process was importing the training "
+    "script: the script trains when it is imported. The loader's workers are started with "
+    "'forkserver' (or 'spawn'), which import the script again in every worker, so the "
+    "training code must run only in the main process: put it under "
+    '`if __name__ == "__main__":` (or in a function called from there)'
+)
 
 
 class DatasetLoader:
@@ -138,7 +149,11 @@ class DatasetLoader:
                 f"got {log_input_every!r}"
             )
         self.log_input_every = log_input_every
+        if log_input_every:
+            show_input_logs()
         self.input = InputStats(self.rank)
+        #: The current epoch was read to its end and `set_epoch` was not called since.
+        self._epoch_done = False
         pinned = source.resolve(
             StreamRequest(
                 dataset=dataset,
@@ -163,6 +178,18 @@ class DatasetLoader:
             epoch=epoch,
             segments=[Segment(0, pinned.population)],
         )
+        self._check_share(self._state.epoch_len)
+
+    def _check_share(self, epoch_len: int) -> None:
+        """An epoch must hold at least one batch for every rank."""
+        step = self.world_size * self.batch_size
+        if epoch_len < step:
+            raise InvalidArgumentError(
+                f"an epoch of {epoch_len} positions gives every rank 0 batches: a step takes "
+                f"world_size x batch_size = {self.world_size} x {self.batch_size} = {step} "
+                f"positions; lower batch_size to at most {epoch_len // self.world_size} or use "
+                f"a longer epoch_len"
+            )
 
     # -- the state -------------------------------------------------------------------
 
@@ -200,8 +227,23 @@ class DatasetLoader:
                 f"the state is of dataset {loaded.dataset!r}; this loader reads "
                 f"{self._state.dataset!r}"
             )
+        self._check_share(loaded.epoch_len)
+        replaced = [
+            f"{key} {getattr(self._state, key)!r} -> {getattr(loaded, key)!r}"
+            for key in ("seed", "shuffle", "columns", "epoch_len")
+            if getattr(loaded, key) != getattr(self._state, key)
+        ]
+        if replaced:
+            warnings.warn(
+                f"load_state_dict: the state's settings replace this loader's "
+                f"({', '.join(replaced)}): a resumed run keeps the ones it started with. "
+                f"Build the loader with the state's values to silence this.",
+                UserWarning,
+                stacklevel=2,
+            )
         loaded.batch_size, loaded.world_size = self.batch_size, self.world_size
         self._state = loaded
+        self._epoch_done = False
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next, from its start. Calling it with the epoch the
@@ -210,6 +252,7 @@ class DatasetLoader:
         continues where the run stopped."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidArgumentError(f"'epoch' must be an integer >= 0, got {epoch!r}")
+        self._epoch_done = False
         if epoch != self._state.epoch:
             self._state.epoch, self._state.position, self._state.steps = epoch, 0, 0
 
@@ -284,7 +327,19 @@ class DatasetLoader:
     def __iter__(self) -> Iterator[Any]:
         """The rest of the current epoch for this rank; the state moves with
         every batch taken. When the epoch is done, ``position`` is the epoch
-        length (the tail the partition rule drops is dropped)."""
+        length (the tail the partition rule drops is dropped).
+
+        Iterating again after the epoch ended, without `set_epoch`, is an error
+        that says so (it would read nothing), as is a worker started while the
+        training script is being imported by a worker process."""
+        if self._epoch_done:
+            epoch = self._state.epoch
+            raise InvalidArgumentError(
+                f"epoch {epoch} of this loader is done: every rank has read its share. "
+                f"Call loader.set_epoch({epoch + 1}) before iterating again, as with "
+                f"DistributedSampler.set_epoch (set_epoch({epoch}) reads nothing more of "
+                f"epoch {epoch})"
+            )
         while True:
             parts = self._state.parts()
             if not parts:
@@ -300,6 +355,7 @@ class DatasetLoader:
                     break
             else:
                 self._state.position = self._state.epoch_len
+                self._epoch_done = True
                 return
             del batches
 
@@ -311,11 +367,21 @@ class DatasetLoader:
         while True:
             asked = time.perf_counter()
             try:
-                first_position, reader, restarts, batch = next(batches)
+                first_position, reader, restarts, notes, batch = next(batches)
             except StopIteration:
                 return
+            except RuntimeError as error:
+                if "exited unexpectedly" not in str(error):
+                    raise
+                raise InternalError(
+                    f"{error}: see the worker's error above. If it says a new process was "
+                    f"started before bootstrapping finished, the training script needs "
+                    f'`if __name__ == "__main__":` (forkserver and spawn workers import it)'
+                ) from error
             self.input.waited(time.perf_counter() - asked)
             self.input.reader_restarts(reader, restarts)
+            for note in notes:
+                input_log.warning("rank %d, reader %d: %s", self.rank, reader, note)
             if self.log_input_every and self.input.batches % self.log_input_every == 0:
                 self.input.log()
             yield first_position, batch
@@ -360,6 +426,9 @@ class DatasetLoader:
     def _data_loader(self, parts: list[tuple[int, int, str]]) -> Iterator[Tagged]:
         reader = self._reader(parts, tagged=True)
         options: dict[str, Any] = {}
+        if self.num_workers and getattr(multiprocessing.current_process(), "_inheriting", False):
+            # Python's own check would say only "bootstrapping phase".
+            raise InvalidArgumentError(MAIN_GUARD)
         if self.num_workers:
             options["multiprocessing_context"] = _worker_context(self.multiprocessing_context)
             options["worker_init_fn"] = functools.partial(_exit_with, os.getpid())
@@ -428,6 +497,8 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         skip, self.skip = self.skip, 0
         self.yielded = skip  # counted as yielded: a later state_dict includes them
+        notes = getattr(self.source, "failover_notes", None)
+        told = len(notes(0)) if notes is not None else 0
         for request in self.requests(worker, workers):
             # Skip whole requests, then whole blocks by offset: nothing skipped is read.
             count = request.samples_per_rank() // self.batch_size
@@ -442,7 +513,9 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
                 if self.tagged:
                     first = int(batch.column("position")[0].as_py())
                     restarts = int(getattr(self.source, "restarts", 0))
-                    yield first, worker if info is not None else -1, restarts, collated
+                    new = notes(told) if notes is not None else []
+                    told += len(new)
+                    yield first, worker if info is not None else -1, restarts, new, collated
                 else:
                     yield collated
 

@@ -78,6 +78,9 @@ class DatasetClient:
         #: (time.monotonic(), location, error) of every stream that broke and was
         #: retried elsewhere: what happened, for logs and failover measurements.
         self.failovers: list[tuple[float, str, str]] = []
+        #: Each stream failover in words (where it broke, at which offset, where it
+        #: resumed): what a training loader logs at WARNING in the trainer.
+        self.failover_notes: list[str] = []
 
     def _client(self, location: str) -> flight.FlightClient:
         if location not in self._clients:
@@ -423,6 +426,11 @@ class DatasetClient:
                 self.failovers.append((time.monotonic(), location, type(error).__name__))
                 self._clients.pop(location, None)
                 if attempt + 1 < attempts:
+                    self.failover_notes.append(
+                        f"rank {ticket.rank}'s stream from {location} broke "
+                        f"({type(error).__name__}) at offset {ticket.offset + delivered}; "
+                        f"resuming there on {locations[(attempt + 1) % len(locations)]}"
+                    )
                     time.sleep(
                         min(self._backoff * 2 ** (attempt // len(locations)), self._max_backoff)
                     )

@@ -62,6 +62,12 @@ class FlightSource:
             return 0
         return len(self._opened[1].failovers)
 
+    def failover_notes(self, seen: int) -> list[str]:
+        """This process's stream failovers after the first ``seen``, in words."""
+        if self._opened is None or self._opened[0] != os.getpid():
+            return []
+        return self._opened[1].failover_notes[seen:]
+
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_opened"} | {"_opened": None}
 

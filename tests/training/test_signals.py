@@ -61,21 +61,32 @@ def test_waits_are_counted_per_batch(source: LocalSource, workers: int) -> None:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_restarts_on_another_replica_are_counted(server: str, workers: int) -> None:
+def test_restarts_on_another_replica_are_counted_and_logged(
+    server: str, workers: int, caplog: pytest.LogCaptureFixture
+) -> None:
     """A stream of partition ``p`` starts at replica ``p mod 2``; replica 0 is
     down. With no worker, rank 0's one stream fails over once in this process;
     with 2, worker 0 reads partition 0 (fails over once, in the worker process)
-    and worker 1 partition 1 (starts at the live replica)."""
+    and worker 1 partition 1 (starts at the live replica). The failover is
+    logged at WARNING in the trainer, naming both replicas and the offset."""
+    dead = dead_location()
     loader = FlightLoader(
-        [dead_location(), server],
+        [dead, server],
         DATASET,
         batch_size=10,
         seed=SEED,
         num_workers=workers,
         multiprocessing_context="forkserver" if workers else None,
     )
-    assert sum(1 for _ in loader) == RECORDS // 10
+    with caplog.at_level(logging.WARNING, logger="dataset_rt.input"):
+        assert sum(1 for _ in loader) == RECORDS // 10
     assert loader.input_stats()["stream_restarts"] == 1
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    reader = 0 if workers else -1
+    assert warning.getMessage() == (
+        f"rank 0, reader {reader}: rank 0's stream from {dead} broke "
+        f"(FlightUnavailableError) at offset 0; resuming there on {server}"
+    )
 
 
 def test_input_stats_are_logged_on_request(
