@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import multiprocessing
 import os
 import select
+import shutil
+import tempfile
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 try:
@@ -87,6 +92,8 @@ class DatasetLoader:
     worker and the results are collated by ``collate_fn`` (default:
     ``torch.utils.data.default_collate``); ``collate_fn`` alone receives the list
     of sample dicts. With workers, both must be picklable (module-level).
+    Workers are kept across epochs and population switches unless
+    ``persistent_workers=False``.
     """
 
     def __init__(
@@ -110,6 +117,7 @@ class DatasetLoader:
         pin_memory: bool = False,
         multiprocessing_context: str | None = None,
         log_input_every: int | None = None,
+        persistent_workers: bool = True,
     ) -> None:
         for name, value, low in (
             ("batch_size", batch_size, 1),
@@ -131,6 +139,10 @@ class DatasetLoader:
         self.collate_fn = collate_fn
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
+        self.persistent_workers = bool(persistent_workers)
+        #: With persistent workers: the DataLoader kept across epochs and switches,
+        #: and the file its workers read each iteration's plan from.
+        self._kept: tuple[DataLoader[Any], Path] | None = None
         self.multiprocessing_context = multiprocessing_context or _default_start_method()
         distributed = dist.is_available() and dist.is_initialized()
         self.world_size = world_size or (dist.get_world_size() if distributed else 1)
@@ -410,7 +422,9 @@ class DatasetLoader:
         self._state.position = start + (block_index // self.world_size + 1) * step
         self._state.steps += 1
 
-    def _reader(self, parts: list[tuple[int, int, str]], *, tagged: bool) -> RankReader:
+    def _reader(
+        self, parts: list[tuple[int, int, str]], *, tagged: bool, plan: Path | None = None
+    ) -> RankReader:
         return RankReader(
             self.source,
             dataclasses.replace(self._state),
@@ -421,14 +435,31 @@ class DatasetLoader:
             transform=self.transform,
             collate_fn=self.collate_fn,
             tagged=tagged,
+            plan=plan,
         )
 
     def _data_loader(self, parts: list[tuple[int, int, str]]) -> Iterator[Tagged]:
-        reader = self._reader(parts, tagged=True)
-        options: dict[str, Any] = {}
         if self.num_workers and getattr(multiprocessing.current_process(), "_inheriting", False):
             # Python's own check would say only "bootstrapping phase".
             raise InvalidArgumentError(MAIN_GUARD)
+        if not (self.num_workers and self.persistent_workers):
+            return iter(self._new_data_loader(self._reader(parts, tagged=True)))
+        if self._kept is None:
+            # The workers outlive an iteration: each new one reads its plan (the
+            # state and parts) from this file, written before the DataLoader
+            # tells them to iterate again (PyTorch's `_ResumeIteration`).
+            directory = Path(tempfile.mkdtemp(prefix="dataset_rt-plan-"))
+            weakref.finalize(self, shutil.rmtree, directory, True)
+            plan = directory / "plan.json"
+            _write_plan(plan, self._state, parts)
+            reader = self._reader(parts, tagged=True, plan=plan)
+            self._kept = (self._new_data_loader(reader, persistent=True), plan)
+        loader, plan = self._kept
+        _write_plan(plan, self._state, parts)
+        return iter(loader)
+
+    def _new_data_loader(self, reader: RankReader, *, persistent: bool = False) -> DataLoader[Any]:
+        options: dict[str, Any] = {}
         if self.num_workers:
             options["multiprocessing_context"] = _worker_context(self.multiprocessing_context)
             options["worker_init_fn"] = functools.partial(_exit_with, os.getpid())
@@ -441,9 +472,10 @@ class DatasetLoader:
             collate_fn=_as_is,  # type: ignore[arg-type, unused-ignore]
             pin_memory=self.pin_memory,
             in_order=True,  # the round-robin order the partition rule relies on
+            persistent_workers=persistent,
             **options,
         )
-        return iter(loader)
+        return loader
 
 
 class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
@@ -468,8 +500,10 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
         transform: Callable[[dict[str, Any]], Any] | None,
         collate_fn: Callable[[list[Any]], Any] | None,
         tagged: bool = True,
+        plan: Path | None = None,
     ) -> None:
         self.tagged = tagged
+        self.plan = plan
         self.yielded = 0
         self.skip = 0
         self.source = source
@@ -495,6 +529,8 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.plan is not None:  # a persistent worker: this iteration's plan
+            self.state, self.parts = _read_plan(self.plan)
         skip, self.skip = self.skip, 0
         self.yielded = skip  # counted as yielded: a later state_dict includes them
         notes = getattr(self.source, "failover_notes", None)
@@ -567,6 +603,18 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
             samples = [self.transform(sample) for sample in samples]
         collate = self.collate_fn or torch.utils.data.default_collate
         return collate(samples)
+
+
+def _write_plan(path: Path, state: LoaderState, parts: list[tuple[int, int, str]]) -> None:
+    """What persistent workers read next (replaced whole: a reader never sees half)."""
+    written = path.with_suffix(".tmp")
+    written.write_text(json.dumps({"state": state.to_dict(), "parts": parts}))
+    os.replace(written, path)
+
+
+def _read_plan(path: Path) -> tuple[LoaderState, list[tuple[int, int, str]]]:
+    plan = json.loads(path.read_text())
+    return LoaderState.from_dict(plan["state"]), [(a, b, p) for a, b, p in plan["parts"]]
 
 
 def _column(array: pa.ChunkedArray) -> Any:

@@ -3,6 +3,7 @@ that says what to do, not a silent empty epoch or a bootstrapping traceback."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -64,6 +65,26 @@ def test_a_state_that_replaces_the_loaders_seed_says_so(source: LocalSource) -> 
     assert other.state_dict()["seed"] == SEED
     same = loader(source)
     same.load_state_dict(saved)  # the same settings: no warning (warnings are errors here)
+
+
+def _worker_pid(sample: dict[str, object]) -> dict[str, object]:
+    return {"pid": os.getpid(), "position": sample["position"]}
+
+
+def test_workers_persist_across_epochs_and_read_the_same_batches(source: LocalSource) -> None:
+    """Workers are started once (PyTorch's persistent_workers), not at every
+    epoch, and read what workers started afresh read."""
+    kept = loader(source, num_workers=2, transform=_worker_pid)
+    fresh = loader(source, num_workers=2, transform=_worker_pid, persistent_workers=False)
+    pids: list[set[int]] = []
+    for epoch in range(3):
+        kept.set_epoch(epoch)
+        fresh.set_epoch(epoch)
+        ours = list(kept)
+        assert [b["position"].tolist() for b in ours] == [b["position"].tolist() for b in fresh]
+        pids.append({int(p) for b in ours for p in b["pid"]})
+    assert len(pids[0]) == 2
+    assert pids[0] == pids[1] == pids[2], "the same two workers read every epoch"
 
 
 def run_script(tmp_path: Path, cache: Path, body: str) -> subprocess.CompletedProcess[str]:
