@@ -329,6 +329,43 @@ class DatasetLoader:
         """
         return self._reader(self._state.parts(), tagged=False)
 
+    def stateful_loader(self, state: Mapping[str, Any] | None = None, **options: Any) -> Any:
+        """torchdata's ``StatefulDataLoader`` over `stateful_dataset`, with this
+        loader's worker count and start method unless ``options`` say otherwise,
+        restored from ``state`` (a StatefulDataLoader checkpoint) if given.
+
+        torchdata resumes a checkpoint only with the worker count that took it
+        (a bare ``AssertionError`` otherwise); here that is refused up front,
+        saying so. The loader's own `state_dict` resumes at any worker count.
+        """
+        try:
+            from torchdata.stateful_dataloader import (  # type: ignore[import-untyped]
+                StatefulDataLoader,
+            )
+        except ImportError as error:
+            raise ImportError(
+                "stateful_loader needs torchdata (`pip install torchdata`)"
+            ) from error
+        options.setdefault("num_workers", self.num_workers)
+        if options["num_workers"]:
+            context = _worker_context(self.multiprocessing_context)
+            options.setdefault("multiprocessing_context", context)
+        if state is not None:
+            snapshot = state.get("_snapshot") if isinstance(state, Mapping) else None
+            main = snapshot.get("_main_snapshot") if isinstance(snapshot, Mapping) else None
+            saved = main.get("_num_workers") if isinstance(main, Mapping) else None
+            if saved is not None and saved != options["num_workers"]:
+                raise InvalidArgumentError(
+                    f"this StatefulDataLoader checkpoint was taken with num_workers={saved} "
+                    f"and torchdata resumes it only with the same count, not "
+                    f"{options['num_workers']}; resume with num_workers={saved}, or checkpoint "
+                    f"with the loader's own state_dict(), which resumes at any worker count"
+                )
+        loader = StatefulDataLoader(self.stateful_dataset(), batch_size=None, **options)
+        if state is not None:
+            loader.load_state_dict(state)
+        return loader
+
     def __len__(self) -> int:
         """Batches this rank still takes in the current epoch."""
         return sum(

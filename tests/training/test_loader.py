@@ -274,6 +274,24 @@ def test_torchdatas_stateful_dataloader_resumes_the_stateful_dataset(
     assert head + list(map(positions, second)) == whole
 
 
+# torchdata 0.11 (its last release) calls torch.set_vital, which PyTorch 2.15 deprecates.
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+def test_a_stateful_checkpoint_at_another_worker_count_is_refused_saying_why(
+    source: LocalSource,
+) -> None:
+    run = loader(source, num_workers=2)
+    first = run.stateful_loader()
+    it = iter(first)
+    head = [positions(next(it)) for _ in range(3)]
+    state = first.state_dict()
+    del it
+    with pytest.raises(drt.InvalidArgumentError, match="num_workers=2") as caught:
+        loader(source).stateful_loader(state)  # 0 workers
+    assert "state_dict(), which resumes at any worker count" in str(caught.value)
+    same = loader(source, num_workers=2).stateful_loader(state)
+    assert head + list(map(positions, same)) == list(map(positions, loader(source)))
+
+
 def test_switching_to_an_unknown_population_fails_at_once_and_changes_nothing(
     source: LocalSource,
 ) -> None:
