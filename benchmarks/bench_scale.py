@@ -3,19 +3,21 @@
 Run from the project root::
 
     uv run python benchmarks/bench_scale.py                  # 10^6 and 10^7 rows (~2 min)
-    uv run python benchmarks/bench_scale.py --rows 1e8       # needs ~32 GB of free disk
+    uv run python benchmarks/bench_scale.py --rows 1e8       # needs ~19 GB of free disk
+    uv run python benchmarks/bench_scale.py --rows 1e9 --max-records 1e7  # ~62 GB
     uv run python benchmarks/bench_scale.py --rows 1e6 --json scale.json
 
 For each row count N, in a scratch directory of its own (removed afterwards; a size
 whose estimated disk need passes the free space less 5 GB is skipped with a message):
 
-1. ingest: ``write_arrow`` of min(N, 10^8) records of 8 bytes (the index) with one int64
-   column ``label`` = index % 1000, fed as a RecordBatchReader of batches made with
-   numpy (the client holds one batch); records/s.
+1. ingest: ``write_arrow`` of min(N, ``--max-records``, default 10^8) records of 8
+   bytes (the index) with one int64 column ``label`` = index % 1000, fed as a
+   RecordBatchReader of batches made with numpy (the client holds one batch); records/s.
 2. server: ``python -m flight_server`` over that cache with a fresh ``--state-dir``:
    seconds until it answers ``list_flights``, and its RssAnon/RssFile (/proc/PID/status).
-3. put: a population of N rows (``sample_id`` = i % records, ``label`` the stored
-   value, ``weight`` = 1 / (1 + label % 10)) by plain ``pyarrow.flight`` ``do_put`` in
+3. put: a population of N rows (``sample_id`` = i % records, so with fewer records
+   than rows each record is in it N / records times; ``label`` the stored value,
+   ``weight`` = 1 / (1 + label % 10)) by plain ``pyarrow.flight`` ``do_put`` in
    batches of 10^6 rows; rows/s until the PutResult is read, the server's peak RssAnon
    (sampled every 0.1 s) during the put, and its RSS after.
 4. time to first batch: 200 ``do_get`` of tickets for random epochs of 4096 shuffled
@@ -57,9 +59,10 @@ BATCH, MAX_RECORDS = 10**6, 10**8
 MAX_DRAWS = MAX_LOCAL_SCAN = 10**7
 TTFB_TICKETS, TTFB_EPOCH_LEN = 200, 4096
 RESERVE = 5 * 10**9  # free disk left after a size
-# Disk bytes per cache record (payload, index, metadata, initial population) and per row
-# put (table, rows file, scratch while written): ~180 together measured, with a margin.
-DISK_PER_RECORD, DISK_PER_ROW = 160, 160
+# Disk bytes per cache record (61 measured: payload, index, metadata; 48 for the first
+# population, 12 of scratch while it is written) and per row put (table 32, rows file
+# 16, scratch 12), with a small margin.
+DISK_PER_RECORD, DISK_PER_ROW = 125, 62
 T = TypeVar("T")
 log = common.make_log("bench_scale")
 
@@ -270,8 +273,8 @@ def scans(location: str, cache: Path, state: Path, rows: int) -> dict[str, Any]:
     return out
 
 
-def run_size(rows: int, data_dir: Path, workers: int) -> dict[str, Any] | None:
-    records = min(rows, MAX_RECORDS)
+def run_size(rows: int, data_dir: Path, workers: int, max_records: int) -> dict[str, Any] | None:
+    records = min(rows, max_records)
     need = records * DISK_PER_RECORD + rows * DISK_PER_ROW
     data_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(data_dir).free
@@ -350,6 +353,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=parse_rows, default=[10**6, 10**7], help="e.g. 1e6,1e7")
     parser.add_argument("--num-workers", type=int, default=2, help="write_arrow's workers")
+    parser.add_argument(
+        "--max-records",
+        type=float,
+        default=MAX_RECORDS,
+        help="records in the cache at most (1e8); rows past it repeat records",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures here")
     parser.add_argument(
         "--data-dir",
@@ -358,7 +367,9 @@ def main() -> int:
         help="where each size's files go (default benchmarks/.bench-data, removed afterwards)",
     )
     args = parser.parse_args()
-    sizes = [run_size(rows, args.data_dir, args.num_workers) for rows in args.rows]
+    sizes = [
+        run_size(rows, args.data_dir, args.num_workers, int(args.max_records)) for rows in args.rows
+    ]
     results = [result for result in sizes if result is not None]
     if results:
         print(markdown(results))

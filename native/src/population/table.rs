@@ -148,7 +148,14 @@ impl ChunkedColumn {
             }
             indices.push((chunk, at));
         }
-        let chunks: Vec<&dyn Array> = self.chunks.iter().map(|c| c.as_ref()).collect();
+        // Only the chunks the rows are in (a 10^9-row table has 15,259).
+        let mut used: Vec<usize> = indices.iter().map(|&(chunk, _)| chunk).collect();
+        used.sort_unstable();
+        used.dedup();
+        for (chunk, _) in &mut indices {
+            *chunk = used.binary_search(chunk).unwrap_or_default();
+        }
+        let chunks: Vec<&dyn Array> = used.iter().map(|&c| self.chunks[c].as_ref()).collect();
         Ok(arrow_select::interleave::interleave(&chunks, &indices)?)
     }
 }
