@@ -30,7 +30,6 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -38,20 +37,6 @@ import pyarrow as pa
 
 BATCH = 10**6
 DISK_PROBE_BYTES = 1 << 30
-
-
-def record_batches(records: int) -> pa.RecordBatchReader:
-    schema = pa.schema([("data", pa.large_binary()), ("label", pa.int64())])
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        for start in range(0, records, BATCH):
-            index = np.arange(start, min(records, start + BATCH), dtype=np.int64)
-            offsets = np.arange(0, (len(index) + 1) * 8, 8, dtype=np.int64)
-            buffers = [None, pa.py_buffer(offsets), pa.py_buffer(index)]
-            payload = pa.Array.from_buffers(pa.large_binary(), len(index), buffers)
-            yield pa.record_batch([payload, pa.array(index % 1000)], schema=schema)
-
-    return pa.RecordBatchReader.from_batches(schema, batches())
 
 
 def population(cache_id: int, rows: int) -> list[pa.RecordBatch]:
@@ -93,6 +78,8 @@ def main() -> None:
     if args.scratch_dir is not None:
         args.scratch_dir.mkdir(parents=True, exist_ok=True)
         os.environ["DATASET_RT_SCRATCH"] = str(args.scratch_dir)
+    from bench_scale import record_batches  # the same cache as the scale benchmark
+
     import dataset_rt as drt  # after DATASET_RT_SCRATCH is set
 
     runtime = drt.DatasetRuntime(num_workers=2)
