@@ -7,12 +7,13 @@
 //! <state_dir>/<dataset>/active.lock              locked while active.json changes
 //! ```
 //! The id is the xxh3-128 of the table as one IPC record batch (32 hex
-//! digits; `table_id.rs`), so a file is verified by hashing it (`verify`), two writers of the same table
-//! write the same file, and every write is a rename of a complete temporary
-//! file: concurrent puts of the same or different tables never corrupt the
-//! store. Both files are written as the table streams in (`writer.rs`) and
-//! mapped when read (`Population::open`); a store written before rows files
-//! existed gets each one built the first time its population is opened.
+//! digits; `table_id.rs`), so a file is verified by hashing it (`verify`),
+//! two writers of the same table write the same file, and every write is a
+//! rename of a complete temporary file: concurrent puts of the same or
+//! different tables never corrupt the store. Both files are written as the
+//! table streams in (`writer.rs`) and mapped when read (`Population::open`); a
+//! store written before rows files existed gets each one built the first time
+//! its population is opened.
 //!
 //! Changes of the active pointer (and removals, which must not race with an
 //! activation of the same population) happen under an exclusive lock on
@@ -185,7 +186,8 @@ impl PopulationStore {
         }
         let rows = self.rows_path_of(id);
         if !rows.exists() {
-            let mapped = super::MappedTable::open(&table)?.checked()?;
+            // Each slice is checked as it is read: no separate pass over the table.
+            let mapped = super::MappedTable::open(&table)?.unchecked();
             let slices = mapped.checked_slices().map(|s| s.map_err(Error::from));
             let written = write_population(caches.clone(), &self.scratch_dir(), slices)?;
             if written.id != id {
