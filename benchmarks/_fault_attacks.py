@@ -430,14 +430,14 @@ class AuditRig:
 
     @classmethod
     def build(cls, arena: Arena, name: str) -> AuditRig:
-        from dataset_rt.loader import STATE_VERSION, LocalSource
+        from dataset_rt.loader import LocalSource
 
         base = arena.root / name
         (base / "state").mkdir(parents=True)
         LocalSource([arena.cache], base / "state", name=arena.dataset)  # as a server makes it
         active = json.loads(next(base.rglob("active.json")).read_text())["population"]
         state = {
-            "version": STATE_VERSION, "dataset": arena.dataset, "seed": 0, "shuffle": True,
+            "version": 1, "dataset": arena.dataset, "seed": 0, "shuffle": True,
             "columns": [], "epoch_len": 1000, "batch_size": 10, "world_size": 1, "epoch": 0,
             "position": 0, "steps": 0, "segments": [[0, active]],
         }  # fmt: skip

@@ -27,6 +27,7 @@ from dataset_rt.errors import (
     CacheIOError,
     CorruptCacheError,
     DatasetRTError,
+    FencedError,
     InternalError,
     InvalidArgumentError,
     InvalidPopulationError,
@@ -35,6 +36,7 @@ from dataset_rt.errors import (
     SourceError,
     StorageFullError,
 )
+from dataset_rt.partition import Partition
 from dataset_rt.records import (
     AbsentManifestTarget,
     BytesLike,
@@ -80,6 +82,7 @@ __all__ = [
     "DatasetRTError",
     "DatasetRuntime",
     "Err",
+    "FencedError",
     "InternalError",
     "InvalidArgumentError",
     "InvalidPopulationError",
@@ -90,6 +93,7 @@ __all__ = [
     "MetadataValue",
     "NotFoundError",
     "Ok",
+    "Partition",
     "ReaderConfig",
     "Result",
     "SchemaMismatchError",

@@ -11,6 +11,7 @@ does not grow with the number of rows.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 
 from dataset_rt.config import ShuffleMode
 from dataset_rt.errors import InternalError, InvalidArgumentError
-from dataset_rt.loader import LoaderState, Segment, StreamSource
+from dataset_rt.loader import RunSpan, RunState, StreamSource
 from dataset_rt.service import StreamRequest
 
 #: The manifest's own columns; chosen population columns follow.
@@ -32,28 +33,23 @@ MANIFEST_COLUMNS = ("epoch", "rank", "step", "position", "cache_id", "sample_id"
 _MANIFEST_BATCH_ROWS = 65_536
 
 #: The most epochs one description covers (a state's epoch comes from a file,
-#: and ``seen`` covers every epoch up to it).
+#: and ``seen`` covers every epoch up to it); the core holds the same bound.
 MAX_EPOCHS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class RunDescription:
-    """A loader run: a state of its loader, the epochs to cover and the world
-    size and batch size to cut them with.
+    """A loader run: a state of its loader and the spans of the run to cover.
 
-    By default the run is what follows the state (a resume point: its epoch from
-    its position, later epochs whole). With ``seen`` it is what came before (a
-    checkpoint: earlier epochs whole, the state's epoch up to its position), the
-    samples a run had consumed when it saved the state. The positions and samples
-    are exact either way; ranks and steps are those of ``world_size`` and
-    ``batch_size`` (a run that resumed at another world size cut its earlier
-    epochs otherwise).
+    With ``seen`` the spans are what the run had consumed when it saved the
+    state (a checkpoint): every resume of its chain, each cut by its own world
+    size and batch size, as recorded in the state. Without it they are what a
+    run resumed from the state reads (its epoch from its position, later epochs
+    whole), cut by the given world size and batch size (the state's by default).
     """
 
-    state: LoaderState
-    epochs: Sequence[int]
-    world_size: int
-    batch_size: int
+    state: RunState
+    spans: tuple[RunSpan, ...]
     seen: bool = False
 
     @classmethod
@@ -66,25 +62,13 @@ class RunDescription:
         batch_size: int | None = None,
         seen: bool = False,
     ) -> RunDescription:
-        """A run from a loader state (``state_dict()``) at the world size and batch
-        size that saved it: by default the state's epoch from its position (or,
-        ``seen``, every epoch up to the state's, until its position)."""
-        loaded = LoaderState.from_dict(state)
-        world = loaded.world_size if world_size is None else world_size
-        size = loaded.batch_size if batch_size is None else batch_size
-        for name, value in (("world_size", world), ("batch_size", size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name!r} must be an integer >= 1, got {value!r}")
-        if epochs is None and seen and loaded.epoch >= MAX_EPOCHS:
-            raise InvalidArgumentError(
-                f"the state's epoch is {loaded.epoch}: a run covers at most {MAX_EPOCHS} "
-                "epochs; choose the epochs to cover ('epochs', --epochs)"
-            )
-        if epochs is not None:
-            chosen = list(epochs)
-        else:
-            chosen = list(range(loaded.epoch + 1)) if seen else [loaded.epoch]
-        if len(chosen) > MAX_EPOCHS:
+        """A run from a loader state (``state_dict()``): by default the state's
+        epoch from its position at the world size and batch size that saved it;
+        ``seen``, what the run had consumed (every epoch up to the state's, as
+        each resume of the run read it)."""
+        loaded = RunState.from_dict(state)
+        chosen = None if epochs is None else list(epochs)
+        if chosen is not None and len(chosen) > MAX_EPOCHS:
             raise InvalidArgumentError(
                 f"a run covers at most {MAX_EPOCHS} epochs, got {len(chosen)}"
             )
@@ -94,13 +78,28 @@ class RunDescription:
                 return True
             return e > loaded.epoch if seen else e < loaded.epoch
 
-        if any(out_of_range(e) for e in chosen):
+        if chosen is not None and any(out_of_range(e) for e in chosen):
             bound = "<=" if seen else ">="
             raise InvalidArgumentError(
                 f"'epochs' must be integers {bound} the state's epoch {loaded.epoch}"
                 f"{' (seen: what came before the state)' if seen else ''}, got {chosen!r}"
             )
-        return cls(loaded, sorted(set(chosen)), world, size, seen)
+        if seen:
+            if world_size is not None or batch_size is not None:
+                raise InvalidArgumentError(
+                    "the state records the world size and batch size of every resume of the "
+                    "run, so what it consumed needs neither; 'world_size' and 'batch_size' "
+                    "describe a run resumed from the state (without seen)"
+                )
+            spans = loaded.seen(None if chosen is None else sorted(set(chosen)))
+            return cls(loaded, tuple(spans), seen)
+        world = loaded.world_size if world_size is None else world_size
+        size = loaded.batch_size if batch_size is None else batch_size
+        for name, value in (("world_size", world), ("batch_size", size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name!r} must be an integer >= 1, got {value!r}")
+        epochs_ahead = sorted(set(chosen)) if chosen is not None else [loaded.epoch]
+        return cls(loaded, tuple(loaded.ahead(epochs_ahead, world, size)), seen)
 
     @classmethod
     def new(
@@ -131,90 +130,67 @@ class RunDescription:
         )
         if pinned.population is None or pinned.epoch_len is None:
             raise InternalError(f"the source did not pin the request: {pinned!r}")
-        state = LoaderState(
+        for name, value in (("world_size", world_size), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name!r} must be an integer >= 1, got {value!r}")
+        state = RunState(
             dataset=dataset,
             seed=seed,
             shuffle=shuffle,
             columns=[],
             epoch_len=pinned.epoch_len,
+            population=pinned.population,
             batch_size=batch_size,
             world_size=world_size,
-            segments=[Segment(0, pinned.population)],
+            workers=0,
         )
         return cls.from_state(state.to_dict(), epochs=epochs)
 
-    def parts(self, epoch: int) -> list[tuple[int, int, str]]:
-        """Epoch ``epoch``'s ranges of the run, one per population segment."""
-        parts = self._at(epoch).parts()
-        if self.seen and epoch == self.state.epoch:
-            end = self.state.position
-            return [(a, min(b, end), p) for a, b, p in parts if a < end]
-        return parts
+    @property
+    def epochs(self) -> list[int]:
+        """The epochs the run's spans are in."""
+        return sorted({span.epoch for span in self.spans})
 
     def rows(self) -> int:
-        """The manifest's row count (every rank's share of every part)."""
-        return sum(
-            self._at(epoch)
-            .request(part, rank=0, world_size=self.world_size, block=self.batch_size)
-            .samples_per_rank()
-            * self.world_size
-            for epoch in self.epochs
-            for part in self.parts(epoch)
-        )
+        """The manifest's row count (every rank's share of every span)."""
+        return sum(span.rows() for span in self.spans)
 
     def steps(self, epoch: int) -> int:
-        """The batches each rank takes in epoch ``epoch`` of the run (every rank
-        takes as many)."""
-        return sum(
-            self._at(epoch)
-            .request(part, rank=0, world_size=self.world_size, block=self.batch_size)
-            .samples_per_rank()
-            // self.batch_size
-            for part in self.parts(epoch)
+        """The steps of epoch ``epoch`` the run covers: one past its last
+        (every rank takes as many)."""
+        return max(
+            (s.first_step + s.steps() for s in self.spans if s.epoch == epoch and s.steps()),
+            default=0,
         )
-
-    def _at(self, epoch: int) -> LoaderState:
-        position = self.state.position if epoch == self.state.epoch and not self.seen else 0
-        return dataclasses.replace(self.state, epoch=epoch, position=position)
 
     def batches(
         self, source: StreamSource, columns: Sequence[str] = ()
     ) -> Iterator[pa.RecordBatch]:
-        """The manifest's record batches, ordered by epoch, rank and step."""
-        size = self.batch_size
-        for epoch in self.epochs:
-            state = dataclasses.replace(self._at(epoch), columns=list(columns))
-            parts = self.parts(epoch)
-            # Every rank takes as many samples as rank 0: none, and no rank is asked
-            # (a world larger than the epoch's blocks).
-            shares = (
-                state.request(part, rank=0, world_size=self.world_size, block=size)
-                for part in parts
-            )
-            if not any(share.samples_per_rank() for share in shares):
-                continue
-            for rank in range(self.world_size):
-                step = 0
-                for part in parts:
-                    request = state.request(
-                        part, rank=rank, world_size=self.world_size, block=size, payload=False
-                    )
+        """The manifest's record batches in the order the run read them: by
+        resume and epoch, then rank and step."""
+        for _, grouped in itertools.groupby(self.spans, key=lambda s: (s.span, s.epoch)):
+            spans = [span for span in grouped if span.steps()]
+            if not spans:
+                continue  # no rank takes a batch: none is asked
+            for rank in range(spans[0].world_size):
+                for span in spans:
+                    request = self.state.span_ticket(span, rank, columns=list(columns))
                     taken = 0
+                    size = span.batch_size
                     for batch in source.open(request, batch_rows=_MANIFEST_BATCH_ROWS):
                         rows = batch.num_rows
-                        # Sample i of the rank's share of this part is in its step i // size.
-                        steps = np.arange(taken, taken + rows, dtype=np.uint64) // size + step
+                        # Sample i of the rank's share of this span is in its step i // size.
+                        steps = np.arange(taken, taken + rows, dtype=np.uint64) // size
                         taken += rows
                         yield pa.RecordBatch.from_arrays(
                             [
-                                pa.repeat(pa.scalar(epoch, pa.uint64()), rows),
+                                pa.repeat(pa.scalar(span.epoch, pa.uint64()), rows),
                                 pa.repeat(pa.scalar(rank, pa.uint64()), rows),
-                                pa.array(steps),
+                                pa.array(steps + np.uint64(span.first_step)),
                                 *batch.columns,
                             ],
                             names=["epoch", "rank", "step", *batch.schema.names],
                         )
-                    step += request.samples_per_rank() // size
 
 
 def write_manifest(

@@ -306,8 +306,8 @@ def _check_selection(args: argparse.Namespace, run: RunDescription) -> None:
         steps = max((run.steps(epoch) for epoch in run.epochs), default=0)
         if first >= steps:
             raise InvalidArgumentError(
-                f"the run draws no sample{chosen}: each rank takes {steps} steps of "
-                f"{run.batch_size} in {_span(run.epochs)}; nothing to report on"
+                f"the run draws no sample{chosen}: each rank takes {steps} steps "
+                f"in {_span(run.epochs)}; nothing to report on"
             )
         return
     path = args.read_manifest

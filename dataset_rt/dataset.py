@@ -19,6 +19,7 @@ from dataset_rt.config import ReaderConfig
 from dataset_rt.facade import facade_module
 from dataset_rt.integrations.torch import to_torch_iterable_dataset
 from dataset_rt.lazy import hand_over, scan_batches
+from dataset_rt.partition import Partition, as_partition
 from dataset_rt.records import (
     AbsentManifestTarget,
     CachedSample,
@@ -172,15 +173,17 @@ class CachedDataset:
 
     def iter_samples(
         self,
+        partition: Partition | None = None,
         *,
-        rank: int = 0,
-        world_size: int = 1,
-        start: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        start: int | None = None,
         stop: int | None = None,
-        block: int = 1,
-        offset: int = 0,
+        block: int | None = None,
+        offset: int | None = None,
     ) -> Iterator[CachedSample]:
-        """Take the next epoch like ``iter(self)``, and yield rank ``rank``'s share.
+        """Take the next epoch like ``iter(self)``, and yield one rank's share:
+        a `Partition`, or its keys as keyword arguments.
 
         The partition rule is a Flight ticket's (docs/sampling.md): the
         epoch-relative range ``[start, stop)`` is cut into blocks of ``block``
@@ -189,25 +192,34 @@ class CachedDataset:
         no rank), and ``offset`` skips the rank's first samples. With the
         defaults, rank ``r`` reads positions ``r, r + world_size, ...``.
         """
-        return self._engine.samples(
-            rank=rank, world_size=world_size, start=start, stop=stop, block=block, offset=offset
+        chosen = as_partition(
+            partition,
+            rank=rank,
+            world_size=world_size,
+            start=start,
+            stop=stop,
+            block=block,
+            offset=offset,
         )
+        return self._engine.samples(chosen)
 
     def epoch(
         self,
         epoch: int,
+        partition: Partition | None = None,
         *,
-        rank: int = 0,
-        world_size: int = 1,
-        start: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        start: int | None = None,
         stop: int | None = None,
-        block: int = 1,
-        offset: int = 0,
+        block: int | None = None,
+        offset: int | None = None,
         columns: Sequence[str] | None = None,
         batch_size: int = 1024,
         payload: bool = True,
     ) -> pa.RecordBatchReader:
-        """Rank ``rank``'s partition of epoch ``epoch`` as Arrow record batches.
+        """One rank's partition of epoch ``epoch`` (a `Partition`, or its keys
+        as keyword arguments) as Arrow record batches.
 
         Epoch ``e`` is positions ``[e * L, (e + 1) * L)`` of the stream for the
         active population and the current epoch length ``L``, partitioned by the
@@ -220,12 +232,15 @@ class CachedDataset:
         native = self._engine.epoch(
             epoch,
             None if columns is None else list(columns),
-            rank=rank,
-            world_size=world_size,
-            start=start,
-            stop=stop,
-            block=block,
-            offset=offset,
+            partition=as_partition(
+                partition,
+                rank=rank,
+                world_size=world_size,
+                start=start,
+                stop=stop,
+                block=block,
+                offset=offset,
+            ),
             batch_size=batch_size,
             payload=payload,
         )

@@ -71,6 +71,13 @@ class MixtureReport:
     seed: int
     shuffle: ShuffleMode
     groups: pl.DataFrame
+    #: With draws from more than one population segment: the observed share of
+    #: each group over the run's positions (``position`` is the first of a bin of
+    #: `TIMELINE_BINS`), and ``switches``, the positions where segments begin.
+    timeline: pl.DataFrame | None = None
+    switches: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    #: Per segment drawn from: its first position and each group's expected share.
+    segment_expected: pl.DataFrame | None = None
 
     @property
     def max_abs_sigma(self) -> float:
@@ -145,7 +152,7 @@ def mixture_report(
             return mixture_report(source, run, group, manifest=path, where=where)
     state = run.state
     populations = {
-        s.population: source.population(state.dataset, s.population) for s in state.segments
+        population: source.population(state.dataset, population) for _, population in state.segments
     }
     for population, table in populations.items():
         if group not in table.columns:
@@ -158,7 +165,7 @@ def mixture_report(
     if where is not None:
         rows = rows.filter(where)
     # The segment (population) of each row, from its absolute position.
-    starts = [s.start for s in state.segments]
+    starts = [start for start, _ in state.segments]
     segment = pl.sum_horizontal(
         [pl.lit(0, pl.UInt32), *[(pl.col("position") >= s).cast(pl.UInt32) for s in starts[1:]]]
     )
@@ -168,16 +175,16 @@ def mixture_report(
     # Each sample's group, per segment (its population's value of the column).
     lookup = pl.concat(
         [
-            _sample_groups(populations[s.population], group, s.population).with_columns(
+            _sample_groups(populations[population], group, population).with_columns(
                 pl.lit(i, pl.UInt32).alias("segment")
             )
-            for i, s in enumerate(state.segments)
+            for i, (_, population) in enumerate(state.segments)
         ],
         how="vertical_relaxed",
     )
     seen = seen.join(lookup, on=["segment", *_IDS], how="left")
     draws_per_segment = dict(seen.group_by("segment").agg(pl.col("n").sum()).iter_rows())
-    used = sorted({state.segments[i].population for i in draws_per_segment})
+    used = sorted({state.segments[i][1] for i in draws_per_segment})
 
     observed = seen.group_by(group).agg(
         pl.col("n").sum().alias("observed"),
@@ -185,8 +192,8 @@ def mixture_report(
     )
     expected = _expected(
         [
-            (draws_per_segment[i], populations[s.population])
-            for i, s in enumerate(state.segments)
+            (draws_per_segment[i], populations[population])
+            for i, (_, population) in enumerate(state.segments)
             if i in draws_per_segment
         ],
         group,
@@ -220,6 +227,28 @@ def mixture_report(
     cache_ids = sorted(
         {int(c) for p in used for c in populations[p]["cache_id"].unique().to_list()}
     )
+    timeline = switches = expected_by_segment = None
+    if len(draws_per_segment) > 1:
+        # A switch is a change of mixture: draw it over the positions, so a
+        # person sees before and after, not the blend the table shows.
+        timeline = _timeline(rows, segment, lookup, group)
+        first, last = timeline.select(pl.min("position"), pl.max("position").alias("b")).row(0)
+        reach = int(last) + _bin_width(rows)
+        switches = [
+            (start, population)
+            for i, (start, population) in enumerate(state.segments)
+            if i and i in draws_per_segment and int(first) <= start <= reach
+        ]
+        expected_by_segment = pl.concat(
+            [
+                _expected([(1, populations[population])], group, weighted=state.shuffle is True)
+                .select(group, pl.col("expected").alias("expected_share"))
+                .with_columns(pl.lit(start, pl.UInt64).alias("start"))
+                for i, (start, population) in enumerate(state.segments)
+                if i in draws_per_segment
+            ],
+            how="vertical_relaxed",
+        )
     return MixtureReport(
         fingerprint=fingerprint(used, cache_ids),
         dataset=state.dataset,
@@ -230,7 +259,39 @@ def mixture_report(
         seed=state.seed,
         shuffle=state.shuffle,
         groups=table,
+        timeline=timeline,
+        switches=switches or [],
+        segment_expected=expected_by_segment,
     )
+
+
+#: Bins of positions the timeline of a switching run is drawn in.
+TIMELINE_BINS = 60
+
+
+def _bin_width(rows: pl.LazyFrame) -> int:
+    bounds = rows.select(pl.col("position").min().alias("a"), pl.col("position").max().alias("b"))
+    low, high = bounds.collect().row(0)
+    return max(1, math.ceil((int(high) - int(low) + 1) / TIMELINE_BINS))
+
+
+def _timeline(
+    rows: pl.LazyFrame, segment: pl.Expr, lookup: pl.DataFrame, group: str
+) -> pl.DataFrame:
+    """Each group's share of the draws per bin of positions (streamed: one
+    pass over the manifest, the population's groups joined on the way)."""
+    width = _bin_width(rows)
+    low = rows.select(pl.col("position").min()).collect().item()
+    binned = (
+        rows.with_columns(segment.alias("segment"))
+        .join(lookup.lazy(), on=["segment", *_IDS], how="left")
+        .group_by(((pl.col("position") - low) // width * width + low).alias("position"), group)
+        .agg(pl.len().alias("n"))
+        .collect(engine="streaming")
+    )
+    return binned.with_columns(
+        (pl.col("n") / pl.col("n").sum().over("position")).alias("share")
+    ).sort("position", group, nulls_last=True)
 
 
 def fingerprint(populations: list[str], cache_ids: list[int]) -> str:

@@ -2,15 +2,19 @@
 
 One row per group (the largest expected shares when there are many): a hollow
 bar for the expected share, a filled bar for the observed one, coloured by how
-far it deviates, and the deviation in sigma written beside it. Matplotlib with
-its non-interactive Agg backend, so it runs on servers without a display.
+far it deviates, and the deviation in sigma written beside it. A run that
+switched populations gets a panel below: each group's observed share over the
+run's positions, the expected share of each segment dashed and every switch
+marked, so the switch shows rather than the blend of before and after.
+Matplotlib with its non-interactive Agg backend, so it runs on servers without
+a display.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dataset_rt.mixture import MixtureReport
@@ -27,9 +31,16 @@ _CALM, _WARN, _ALARM = "#2f7d4f", "#d08a1e", "#c0392b"
 _SIGMA = "\N{GREEK SMALL LETTER SIGMA}"
 
 
-def figure_size(groups: int) -> tuple[int, int]:
-    """The PNG's (width, height) in pixels for ``groups`` drawn rows."""
+#: Inches of the timeline panel of a switching run, and the groups it draws.
+_TIMELINE_INCHES = 3.4
+_TIMELINE_GROUPS = 8
+
+
+def figure_size(groups: int, *, timeline: bool = False) -> tuple[int, int]:
+    """The PNG's (width, height) in pixels for ``groups`` drawn rows (and the
+    timeline panel of a run that switched populations)."""
     height = _FRAME_INCHES + _ROW_INCHES * max(groups, 1)
+    height += _TIMELINE_INCHES if timeline else 0.0
     return round(_WIDTH_INCHES * _DPI), round(height * _DPI)
 
 
@@ -51,15 +62,21 @@ def plot_report(report: MixtureReport, path: Path, *, max_groups: int = 40) -> t
     observed = shown["observed_share"].to_list()
     sigmas = shown["sigma"].to_list()
 
-    width, height = figure_size(shown.height)
-    fig, (ax, dev) = plt.subplots(
-        1,
+    timeline = report.timeline is not None and not report.timeline.is_empty()
+    width, height = figure_size(shown.height, timeline=timeline)
+    bars_inches = height / _DPI - (_TIMELINE_INCHES if timeline else 0.0)
+    fig = plt.figure(figsize=(width / _DPI, height / _DPI), dpi=_DPI)
+    grid = fig.add_gridspec(
+        2 if timeline else 1,
         2,
-        figsize=(width / _DPI, height / _DPI),
-        dpi=_DPI,
-        sharey=True,
-        gridspec_kw={"width_ratios": [3, 1.15], "wspace": 0.06},
+        width_ratios=[3, 1.15],
+        height_ratios=[bars_inches - 0.95, _TIMELINE_INCHES - 0.35] if timeline else None,
+        wspace=0.06,
+        hspace=0.9 / bars_inches if timeline else None,
     )
+    ax = fig.add_subplot(grid[0, 0])
+    dev = fig.add_subplot(grid[0, 1], sharey=ax)
+    dev.tick_params(labelleft=False)
     try:
         rows = list(range(shown.height))
         ax.barh(
@@ -134,6 +151,8 @@ def plot_report(report: MixtureReport, path: Path, *, max_groups: int = 40) -> t
             frameon=False,
         )
         ax.invert_yaxis()  # the first group on top
+        if timeline:
+            _draw_timeline(fig.add_subplot(grid[1, :]), report)
         fig.subplots_adjust(
             left=0.12,
             right=0.98,
@@ -144,6 +163,60 @@ def plot_report(report: MixtureReport, path: Path, *, max_groups: int = 40) -> t
     finally:
         plt.close(fig)
     return width, height
+
+
+def _draw_timeline(ax: Any, report: MixtureReport) -> None:
+    """Each group's observed share per bin of positions (solid), each segment's
+    expected share (dashed, same colour) and the switches (vertical lines)."""
+    import polars as pl
+    from matplotlib.ticker import PercentFormatter
+
+    assert report.timeline is not None
+    group = report.group
+    top = report.groups.sort("observed", descending=True).head(_TIMELINE_GROUPS)[group].to_list()
+    timeline = report.timeline
+    positions = sorted(timeline["position"].unique().to_list())
+    end = positions[-1] + (positions[1] - positions[0] if len(positions) > 1 else 1)
+    colours = [f"C{i}" for i in range(len(top))]
+    for value, colour in zip(top, colours, strict=True):
+        mine = timeline.filter(pl.col(group).is_null() if value is None else pl.col(group) == value)
+        share = dict(zip(mine["position"].to_list(), mine["share"].to_list(), strict=True))
+        ax.step(
+            positions,
+            [share.get(p, 0.0) for p in positions],
+            where="post",
+            color=colour,
+            linewidth=1.4,
+            label=_label(value),
+        )
+        if report.segment_expected is not None:
+            expected = report.segment_expected.filter(
+                pl.col(group).is_null() if value is None else pl.col(group) == value
+            ).sort("start")
+            starts = sorted(report.segment_expected["start"].unique().to_list())
+            for start, p in zip(
+                expected["start"].to_list(), expected["expected_share"].to_list(), strict=True
+            ):
+                later = [s for s in starts if s > start]
+                stop = later[0] if later else end
+                ax.hlines(p, max(start, positions[0]), stop, colors=colour, linestyles="--")
+    for start, population in report.switches:
+        ax.axvline(start, color="#333333", linewidth=1.0)
+        ax.annotate(
+            f"switch to {population[:8]}",
+            (start, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, -12),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    ax.set_xlim(positions[0], end)
+    ax.set_ylim(0, None)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.set_xlabel("stream position (observed share per bin solid, expected per segment dashed)")
+    ax.set_ylabel("share of draws")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", ncols=4, fontsize=8, frameon=False)
 
 
 def _colour(sigma: float) -> str:

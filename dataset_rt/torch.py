@@ -19,9 +19,7 @@ script that talked to a Flight server first) cannot fork safely.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import multiprocessing
 import os
 import select
@@ -50,13 +48,7 @@ import pyarrow as pa
 
 from dataset_rt.config import ShuffleMode
 from dataset_rt.errors import InternalError, InvalidArgumentError
-from dataset_rt.loader import (
-    LoaderState,
-    Segment,
-    StreamSource,
-    blocks,
-    check_population_id,
-)
+from dataset_rt.loader import RunState, Segment, StreamSource, blocks
 from dataset_rt.service import StreamRequest
 from dataset_rt.signals import InputStats, show_input_logs
 from dataset_rt.signals import log as input_log
@@ -164,6 +156,8 @@ class DatasetLoader:
         if log_input_every:
             show_input_logs()
         self.input = InputStats(self.rank)
+        #: When the trainer last asked whether the run was resumed elsewhere.
+        self._fence_checked = -float("inf")
         #: The current epoch was read to its end and `set_epoch` was not called since.
         self._epoch_done = False
         pinned = source.resolve(
@@ -179,29 +173,19 @@ class DatasetLoader:
         )
         if pinned.population is None or pinned.epoch_len is None:
             raise InternalError(f"the source did not pin the request: {pinned!r}")
-        self._state = LoaderState(
+        self._state = RunState(
             dataset=dataset,
             seed=seed,
             shuffle=shuffle,
             columns=list(columns),
             epoch_len=pinned.epoch_len,
+            population=pinned.population,
             batch_size=batch_size,
             world_size=self.world_size,
+            workers=num_workers,
             epoch=epoch,
-            segments=[Segment(0, pinned.population)],
         )
-        self._check_share(self._state.epoch_len)
-
-    def _check_share(self, epoch_len: int) -> None:
-        """An epoch must hold at least one batch for every rank."""
-        step = self.world_size * self.batch_size
-        if epoch_len < step:
-            raise InvalidArgumentError(
-                f"an epoch of {epoch_len} positions gives every rank 0 batches: a step takes "
-                f"world_size x batch_size = {self.world_size} x {self.batch_size} = {step} "
-                f"positions; lower batch_size to at most {epoch_len // self.world_size} or use "
-                f"a longer epoch_len"
-            )
+        self._state.check_share()
 
     # -- the state -------------------------------------------------------------------
 
@@ -216,30 +200,43 @@ class DatasetLoader:
 
     @property
     def segments(self) -> list[Segment]:
-        return list(self._state.segments)
+        """The population segments, ascending from position 0."""
+        return [Segment(start, population) for start, population in self._state.segments]
+
+    @property
+    def run_state(self) -> RunState:
+        """A copy of the run's state (`dataset_rt.loader.RunState`)."""
+        return self._state.copy()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the run is, as plain JSON-serialisable data.
 
         It assumes every rank has taken as many batches as this one (as in
         lockstep data-parallel training), so any one rank's state describes the
-        run; save it from rank 0.
+        run; save it from rank 0. A loader whose run was resumed elsewhere (a
+        newer generation exists) raises `FencedError` instead: its state must
+        not replace the newer run's checkpoint.
         """
-        return self._state.to_dict()
+        state = self._state
+        self.source.check_run(state.dataset, state.run, state.generation)
+        return state.to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a state (at any world size, worker count or batch size).
+        """Resume from a state (at any world size, worker count or batch size):
+        a new generation of the run, recorded in the state with this loader's
+        world size, batch size and workers.
 
         The loader's own dataset must be the state's; its seed, epoch length,
         columns, shuffle and population segments become the state's.
         """
-        loaded = LoaderState.from_dict(state)
+        loaded = RunState.from_dict(state)
         if loaded.dataset != self._state.dataset:
             raise InvalidArgumentError(
                 f"the state is of dataset {loaded.dataset!r}; this loader reads "
                 f"{self._state.dataset!r}"
             )
-        self._check_share(loaded.epoch_len)
+        generation = self._claim(loaded)
+        loaded.resume(self.world_size, self.batch_size, self.num_workers, generation)
         replaced = [
             f"{key} {getattr(self._state, key)!r} -> {getattr(loaded, key)!r}"
             for key in ("seed", "shuffle", "columns", "epoch_len")
@@ -253,9 +250,44 @@ class DatasetLoader:
                 UserWarning,
                 stacklevel=2,
             )
-        loaded.batch_size, loaded.world_size = self.batch_size, self.world_size
         self._state = loaded
         self._epoch_done = False
+
+    def _check_fence(self) -> None:
+        """`FencedError` once the run was resumed elsewhere: asked before a batch
+        is handed out, at most every ``source.fence_interval`` seconds (0 for
+        a state directory, a file read; 1 for a server, a round trip). The
+        streams are fenced too, but batches already received would go on."""
+        now = time.monotonic()
+        if now - self._fence_checked >= getattr(self.source, "fence_interval", 0.0):
+            state = self._state
+            self.source.check_run(state.dataset, state.run, state.generation)
+            self._fence_checked = now
+
+    def _claim(self, loaded: RunState) -> int:
+        """This resume's generation of the run. With ``torch.distributed``, rank
+        0 claims a new one and tells the others (every rank calls
+        ``load_state_dict``, as with any collective); without it each loader
+        claims from the checkpoint it loaded, and every loader of one
+        checkpoint gets the same generation."""
+
+        def claim(fresh: bool) -> int:
+            return self.source.claim_run(
+                loaded.dataset,
+                loaded.run,
+                after=loaded.generation,
+                epoch=loaded.epoch,
+                position=loaded.position,
+                fresh=fresh,
+            )
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            chosen = torch.zeros(1, dtype=torch.int64)
+            if dist.get_rank() == 0:
+                chosen[0] = claim(fresh=True)
+            dist.broadcast(chosen, src=0)
+            return int(chosen.item())
+        return claim(fresh=False)
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next, from its start. Calling it with the epoch the
@@ -265,8 +297,7 @@ class DatasetLoader:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidArgumentError(f"'epoch' must be an integer >= 0, got {epoch!r}")
         self._epoch_done = False
-        if epoch != self._state.epoch:
-            self._state.epoch, self._state.position, self._state.steps = epoch, 0, 0
+        self._state.set_epoch(epoch)
 
     # -- reweighting ---------------------------------------------------------------
 
@@ -284,7 +315,11 @@ class DatasetLoader:
         """
         # A malformed, unknown or unusable population fails here, on every rank
         # alike, not later in a DataLoader worker.
-        check_population_id(population)
+        if not isinstance(population, str):
+            raise InvalidArgumentError(
+                f"a population id is 32 lowercase hex digits (as do_put answers), "
+                f"got {population!r}"
+            )
         self.source.resolve(self._state.command(population))
         consumed = self._state.epoch_start + self._state.position
         if at is None:
@@ -293,28 +328,13 @@ class DatasetLoader:
                 furthest = torch.tensor([consumed], dtype=torch.int64)
                 dist.all_reduce(furthest, op=dist.ReduceOp.MAX)
                 at = int(furthest.item())
-        self._check_boundary(at, consumed)
-        self._state.switch(at, population)
-        return at
-
-    def _check_boundary(self, at: int, consumed: int) -> None:
         if isinstance(at, bool) or not isinstance(at, int) or at < consumed:
             raise InvalidArgumentError(
                 f"'at' must be an absolute position >= {consumed} (what this rank has "
                 f"consumed), got {at!r}"
             )
-        step = self.world_size * self.batch_size
-        epoch_len = self._state.epoch_len
-        epoch, offset = divmod(at, epoch_len)
-        # In the current epoch the grid starts at the part being read; a later
-        # epoch's grid starts at that epoch's first position.
-        origin = consumed - self._state.epoch_start if epoch == self._state.epoch else 0
-        if epoch >= self._state.epoch and (offset - origin) % step:
-            raise InvalidArgumentError(
-                f"'at' = {at} is not a batch boundary of this run: boundaries of epoch "
-                f"{epoch} are {epoch * epoch_len + origin} + k * {step} "
-                f"(world_size x batch_size)"
-            )
+        self._state.switch(at, population)
+        return at
 
     # -- iteration -----------------------------------------------------------------
 
@@ -327,7 +347,7 @@ class DatasetLoader:
         worker count. Workers need a start method other than ``fork`` here too
         (``multiprocessing_context="forkserver"``).
         """
-        return self._reader(self._state.parts(), tagged=False)
+        return self._reader(tagged=False)
 
     def stateful_loader(self, state: Mapping[str, Any] | None = None, **options: Any) -> Any:
         """torchdata's ``StatefulDataLoader`` over `stateful_dataset`, with this
@@ -368,10 +388,7 @@ class DatasetLoader:
 
     def __len__(self) -> int:
         """Batches this rank still takes in the current epoch."""
-        return sum(
-            (stop - start) // self.batch_size // self.world_size
-            for start, stop, _ in self._state.parts()
-        )
+        return self._state.batches_left()
 
     def __iter__(self) -> Iterator[Any]:
         """The rest of the current epoch for this rank; the state moves with
@@ -390,20 +407,20 @@ class DatasetLoader:
                 f"epoch {epoch})"
             )
         while True:
-            parts = self._state.parts()
-            if not parts:
+            if not self._state.parts():
                 return
-            plan = list(self._state.segments)
-            batches = self._data_loader(parts)
+            plan = self._state.segments
+            batches = self._data_loader()
             for first_position, batch in self._watched(batches):
-                self._advance(first_position, parts)
+                self._check_fence()
+                self._state.advance(first_position)
                 yield self._ready(batch)
                 if self._state.segments != plan:
                     # A switch was recorded: stop these workers (their prefetched
                     # batches may be past it) and read on with the new segments.
                     break
             else:
-                self._state.position = self._state.epoch_len
+                self._state.finish_epoch()
                 self._epoch_done = True
                 return
             del batches
@@ -450,49 +467,35 @@ class DatasetLoader:
             tensors = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in tensors.items()}
         return tensors
 
-    def _advance(self, first_position: int, parts: list[tuple[int, int, str]]) -> None:
-        """Move the state past the batch that starts at ``first_position``."""
-        relative = first_position - self._state.epoch_start
-        start = max(p[0] for p in parts if p[0] <= relative)
-        block_index = (relative - start) // self.batch_size
-        step = self.world_size * self.batch_size
-        self._state.position = start + (block_index // self.world_size + 1) * step
-        self._state.steps += 1
-
-    def _reader(
-        self, parts: list[tuple[int, int, str]], *, tagged: bool, plan: Path | None = None
-    ) -> RankReader:
+    def _reader(self, *, tagged: bool, plan: Path | None = None) -> RankReader:
         return RankReader(
             self.source,
-            dataclasses.replace(self._state),
-            parts,
+            self._state.copy(),
             rank=self.rank,
-            world_size=self.world_size,
-            batch_size=self.batch_size,
             transform=self.transform,
             collate_fn=self.collate_fn,
             tagged=tagged,
             plan=plan,
         )
 
-    def _data_loader(self, parts: list[tuple[int, int, str]]) -> Iterator[Tagged]:
+    def _data_loader(self) -> Iterator[Tagged]:
         if self.num_workers and getattr(multiprocessing.current_process(), "_inheriting", False):
             # Python's own check would say only "bootstrapping phase".
             raise InvalidArgumentError(MAIN_GUARD)
         if not (self.num_workers and self.persistent_workers):
-            return iter(self._new_data_loader(self._reader(parts, tagged=True)))
+            return iter(self._new_data_loader(self._reader(tagged=True)))
         if self._kept is None:
             # The workers outlive an iteration: each new one reads its plan (the
-            # state and parts) from this file, written before the DataLoader
+            # run's state) from this file, written before the DataLoader
             # tells them to iterate again (PyTorch's `_ResumeIteration`).
             directory = Path(tempfile.mkdtemp(prefix="dataset_rt-plan-"))
             weakref.finalize(self, shutil.rmtree, directory, True)
             plan = directory / "plan.json"
-            _write_plan(plan, self._state, parts)
-            reader = self._reader(parts, tagged=True, plan=plan)
+            _write_plan(plan, self._state)
+            reader = self._reader(tagged=True, plan=plan)
             self._kept = (self._new_data_loader(reader, persistent=True), plan)
         loader, plan = self._kept
-        _write_plan(plan, self._state, parts)
+        _write_plan(plan, self._state)
         return iter(loader)
 
     def _new_data_loader(self, reader: RankReader, *, persistent: bool = False) -> DataLoader[Any]:
@@ -528,12 +531,9 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
     def __init__(
         self,
         source: StreamSource,
-        state: LoaderState,
-        parts: list[tuple[int, int, str]],
+        state: RunState,
         *,
         rank: int,
-        world_size: int,
-        batch_size: int,
         transform: Callable[[dict[str, Any]], Any] | None,
         collate_fn: Callable[[list[Any]], Any] | None,
         tagged: bool = True,
@@ -545,10 +545,7 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
         self.skip = 0
         self.source = source
         self.state = state
-        self.parts = parts
         self.rank = rank
-        self.world_size = world_size
-        self.batch_size = batch_size
         self.transform = transform
         self.collate_fn = collate_fn
 
@@ -567,20 +564,21 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if self.plan is not None:  # a persistent worker: this iteration's plan
-            self.state, self.parts = _read_plan(self.plan)
+            self.state = _read_plan(self.plan)
         skip, self.skip = self.skip, 0
         self.yielded = skip  # counted as yielded: a later state_dict includes them
         notes = getattr(self.source, "failover_notes", None)
         told = len(notes(0)) if notes is not None else 0
-        for request in self.requests(worker, workers):
+        size = self.state.batch_size
+        for request in self.state.requests(self.rank, worker, workers):
             # Skip whole requests, then whole blocks by offset: nothing skipped is read.
-            count = request.samples_per_rank() // self.batch_size
+            count = request.samples_per_rank() // size
             if skip >= count:
                 skip -= count
                 continue
-            request = request.resumed(skip * self.batch_size)
+            request = request.resumed(skip * size)
             skip = 0
-            for batch in blocks(self.source.open(request), self.batch_size):
+            for batch in blocks(self.source.open(request), size):
                 self.yielded += 1
                 collated = self._collate(batch)
                 if self.tagged:
@@ -591,41 +589,6 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
                     yield first, worker if info is not None else -1, restarts, new, collated
                 else:
                     yield collated
-
-    def requests(self, worker: int, workers: int) -> Iterator[StreamRequest]:
-        """The tickets of worker ``worker`` of ``workers``, in order.
-
-        The rank takes ``Q = floor(blocks / world_size)`` blocks of each part (the
-        rule at its world size, whatever the worker count); its ``g``-th batch
-        over all parts is block ``r + q * world_size`` of its part and is read by
-        worker ``g mod workers``, the worker the DataLoader's round-robin asks
-        for it. Within a part that is the lane ``k * world_size + r`` of
-        ``workers * world_size`` lanes (``k`` the worker's turn in this part) for
-        the first ``floor(Q / workers)`` rounds, and one lane of the last,
-        shorter round when ``k < Q mod workers``.
-        """
-        w, r, size = self.world_size, self.rank, self.batch_size
-        taken = 0  # the rank's batches in the parts before this one
-        for start, stop, population in self.parts:
-            per_rank = (stop - start) // size // w
-            turn = (worker - taken) % workers
-            rounds, last = divmod(per_rank, workers)
-            middle = start + rounds * workers * w * size
-            if rounds:
-                yield self.state.request(
-                    (start, middle, population),
-                    rank=turn * w + r,
-                    world_size=workers * w,
-                    block=size,
-                )
-            if turn < last:
-                yield self.state.request(
-                    (middle, middle + last * w * size, population),
-                    rank=turn * w + r,
-                    world_size=last * w,
-                    block=size,
-                )
-            taken += per_rank
 
     def _collate(self, batch: pa.Table) -> Any:
         if self.transform is None and self.collate_fn is None:
@@ -642,16 +605,15 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
         return collate(samples)
 
 
-def _write_plan(path: Path, state: LoaderState, parts: list[tuple[int, int, str]]) -> None:
+def _write_plan(path: Path, state: RunState) -> None:
     """What persistent workers read next (replaced whole: a reader never sees half)."""
     written = path.with_suffix(".tmp")
-    written.write_text(json.dumps({"state": state.to_dict(), "parts": parts}))
+    written.write_bytes(state.to_json())
     os.replace(written, path)
 
 
-def _read_plan(path: Path) -> tuple[LoaderState, list[tuple[int, int, str]]]:
-    plan = json.loads(path.read_text())
-    return LoaderState.from_dict(plan["state"]), [(a, b, p) for a, b, p in plan["parts"]]
+def _read_plan(path: Path) -> RunState:
+    return RunState.from_json(path.read_bytes())
 
 
 def _column(array: pa.ChunkedArray) -> Any:

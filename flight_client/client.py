@@ -12,14 +12,16 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import suppress
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from dataset_rt.config import ShuffleMode
+from dataset_rt.errors import FencedError
 from dataset_rt.lazy import StreamedTable, scan_batches, streamed
+from dataset_rt.partition import Partition, as_partition
 from dataset_rt.service import BASE_COLUMNS, StreamRequest, parse_ticket
 
 # Statuses after which another location (or the same one, later) can serve the
@@ -108,7 +110,10 @@ class DatasetClient:
 
     def _action(self, kind: str, body: dict[str, Any] | None = None) -> Any:
         payload = json.dumps(body).encode() if body is not None else b""
-        results = self._call("do_action", flight.Action(kind, payload), lazy=True)
+        try:
+            results = self._call("do_action", flight.Action(kind, payload), lazy=True)
+        except flight.FlightCancelledError as error:
+            raise _fenced_or(error) from None
         return json.loads(results[0].body.to_pybytes())
 
     def close(self) -> None:
@@ -271,6 +276,19 @@ class DatasetClient:
         answer = self._action("set_epoch_len", {"dataset": dataset, "epoch_len": epoch_len})
         return int(answer["epoch_len"])
 
+    def claim_run(
+        self, dataset: str, run: str, *, after: int, epoch: int, position: int, fresh: bool = False
+    ) -> int:
+        """The generation a resume of training run ``run`` gets (recorded by the
+        server in the store its replicas share); see docs/training.md, "Fencing"."""
+        body = {"dataset": dataset, "run": run, "after": after}
+        body |= {"epoch": epoch, "position": position, "fresh": fresh}
+        return int(self._action("claim_run", body)["generation"])
+
+    def check_run(self, dataset: str, run: str, generation: int) -> None:
+        """``FencedError`` when a newer generation of training run ``run`` exists."""
+        self._action("check_run", {"dataset": dataset, "run": run, "generation": generation})
+
     def remove_population(self, dataset: str, population: str) -> None:
         """Delete a stored population that is not active (admin); tickets that
         pin it get NOT_FOUND from then on."""
@@ -283,27 +301,30 @@ class DatasetClient:
         dataset: str,
         seed: int,
         epoch: int,
+        partition: Partition | None = None,
         *,
-        world_size: int = 1,
-        start: int = 0,
+        world_size: int | None = None,
+        start: int | None = None,
         stop: int | None = None,
-        block: int = 1,
+        block: int | None = None,
         epoch_len: int | None = None,
         shuffle: ShuffleMode = True,
         population: str | None = None,
         columns: Sequence[str] = (),
         payload: bool = True,
     ) -> flight.FlightInfo:
-        """The epoch's `FlightInfo`: one self-contained ticket per rank."""
+        """The epoch's `FlightInfo`: one self-contained ticket per rank (of a
+        `Partition`'s world size, range and block; its rank and offset are the
+        tickets')."""
+        chosen = as_partition(partition, world_size=world_size, start=start, stop=stop, block=block)
+        keys = chosen.to_dict()
+        del keys["rank"], keys["offset"]
         request = StreamRequest(
             dataset=dataset,
             seed=seed,
             epoch=epoch,
             shuffle=shuffle,
-            world_size=world_size,
-            start=start,
-            stop=stop,
-            block=block,
+            **keys,
             columns=list(columns),
             epoch_len=epoch_len,
             population=population,
@@ -325,15 +346,13 @@ class DatasetClient:
         size, so the answer stays one endpoint however many ranks the job has
         (a server answers at most ``--max-endpoints``, and every rank asking for
         every rank's endpoint would cost the server the square of the ranks)."""
-        keys = json.loads(request.to_json())
-        world_size = keys["world_size"]
-        command = {k: v for k, v in keys.items() if k not in ("rank", "offset")}
-        info = self.flight_info(StreamRequest(**(command | {"world_size": 1})))
+        command = request.replace(rank=None, offset=None, world_size=1)
+        info = self.flight_info(command)
         endpoint = info.endpoints[0]
         ticket = parse_ticket(endpoint.ticket.ticket)
         if not isinstance(ticket, StreamRequest) or ticket.population is None:
             raise EveryLocationFailedError(f"the server answered with an unpinned {ticket!r}")
-        pinned = StreamRequest(**(json.loads(ticket.to_json()) | {"world_size": world_size}))
+        pinned = ticket.replace(world_size=request.world_size)
         locations = [
             loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
             for loc in endpoint.locations
@@ -345,13 +364,14 @@ class DatasetClient:
         dataset: str,
         seed: int,
         epoch: int,
+        partition: Partition | None = None,
         *,
-        rank: int = 0,
-        world_size: int = 1,
-        start: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        start: int | None = None,
         stop: int | None = None,
-        block: int = 1,
-        offset: int = 0,
+        block: int | None = None,
+        offset: int | None = None,
         columns: Sequence[str] = (),
         batches: bool = False,
         epoch_len: int | None = None,
@@ -359,39 +379,44 @@ class DatasetClient:
         population: str | None = None,
         payload: bool = True,
     ) -> Iterator[Any]:
-        """Rank ``rank``'s samples of ``epoch`` (record batches with ``batches=True``).
+        """One rank's samples of ``epoch`` (record batches with ``batches=True``).
 
-        ``start``, ``stop``, ``block`` and ``offset`` partition the epoch as in
-        docs/flight-protocol.md; ``payload=False`` streams ids and columns only.
+        A `Partition` (or its keys as keyword arguments: ``rank``,
+        ``world_size``, ``start``, ``stop``, ``block``, ``offset``) says which,
+        as in docs/flight-protocol.md; ``payload=False`` streams ids and columns only.
         The population and epoch length are pinned when the iteration starts; a
         stream broken by a lost server resumes on the next location from the
         offset reached.
         """
-        # The request's own rules (rank < world_size, ...) are checked here, in
+        # The partition's rules (rank < world_size, ...) are checked here, in
         # the engine, before anything is sent.
+        chosen = as_partition(
+            partition,
+            rank=rank,
+            world_size=world_size,
+            start=start,
+            stop=stop,
+            block=block,
+            offset=offset,
+        )
         request = StreamRequest(
             dataset=dataset,
             seed=seed,
             epoch=epoch,
             shuffle=shuffle,
-            world_size=world_size,
-            start=start,
-            stop=stop,
-            block=block,
+            **chosen.to_dict(),
             columns=list(columns),
             epoch_len=epoch_len,
             population=population,
             payload=payload,
-            rank=rank,
-            offset=offset,
         )
         pinned, advertised = self.pin(request)
-        ticket = pinned.for_rank(rank).resumed(offset)
+        ticket = pinned.for_rank(chosen.rank).resumed(chosen.offset)
         # The endpoint's replicas first, then the client's own locations.
         locations = list(dict.fromkeys(advertised + self.locations))
         # Spread ranks over the replicas: rank r starts at location r mod n.
-        start = rank % len(locations)
-        locations = locations[start:] + locations[:start]
+        first = chosen.rank % len(locations)
+        locations = locations[first:] + locations[:first]
         stream = self.stream_ticket(ticket, locations)
         return stream if batches else _samples(stream)
 
@@ -421,6 +446,8 @@ class DatasetClient:
                     delivered += batch.num_rows
                     yield batch
                 return
+            except flight.FlightCancelledError as error:
+                raise _fenced_or(error) from None
             except RETRYABLE as error:
                 failures.append(f"{location}: {type(error).__name__}: {error}")
                 self.failovers.append((time.monotonic(), location, type(error).__name__))
@@ -437,6 +464,14 @@ class DatasetClient:
         raise EveryLocationFailedError(
             f"every location failed after {attempts} attempts: " + "; ".join(failures[-5:])
         )
+
+
+def _fenced_or(error: flight.FlightCancelledError) -> Exception:
+    """A server cancels a fenced run's call (CANCELLED): raise it as the engine's
+    `FencedError`, with the server's words; any other cancel as it came."""
+    if "was resumed elsewhere" in str(error):
+        return FencedError(str(error).split(". Detail:")[0])
+    return cast(Exception, error)
 
 
 def _bounded(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:

@@ -71,6 +71,10 @@ class FlightSource:
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_opened"} | {"_opened": None}
 
+    #: Seconds between a loader's checks that its run was not resumed elsewhere
+    #: (each is a round trip to the server).
+    fence_interval = 1.0
+
     def resolve(self, request: StreamRequest) -> StreamRequest:
         return self.client.pin(request)[0]
 
@@ -84,3 +88,13 @@ class FlightSource:
 
     def population(self, dataset: str, population: str) -> pl.DataFrame:
         return self.client.get_metadata(dataset, population)
+
+    def claim_run(
+        self, dataset: str, run: str, *, after: int, epoch: int, position: int, fresh: bool = False
+    ) -> int:
+        return self.client.claim_run(
+            dataset, run, after=after, epoch=epoch, position=position, fresh=fresh
+        )
+
+    def check_run(self, dataset: str, run: str, generation: int) -> None:
+        self.client.check_run(dataset, run, generation)

@@ -123,6 +123,9 @@ def to_flight_error(
             message = f"the server's data is damaged{where}: {message}"
         case drt.InternalError():
             status = flight.FlightInternalError
+        case drt.FencedError():
+            # The run was resumed elsewhere: this loader must stop, never retry.
+            status = flight.FlightCancelledError
         case drt.DatasetRTError():
             status = flight.FlightServerError
         case _:

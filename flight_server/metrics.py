@@ -67,6 +67,8 @@ LOGGED_KEYS = (
     "block",
     "population",
     "payload",
+    "run",
+    "generation",
 )
 
 

@@ -27,7 +27,7 @@ from flight_server.catalog import Catalog
 from flight_server.errors import ProtocolError, hide_tracebacks, to_flight_error
 from flight_server.limits import Limits, StreamSlots, client_of
 from flight_server.metrics import ServerMetrics, request_fields
-from flight_server.protocol import ActionBody, PutCommand
+from flight_server.protocol import ActionBody, PutCommand, RunAction
 from flight_server.telemetry import StreamCounter, Telemetry
 
 log = logging.getLogger("flight_server")
@@ -44,6 +44,10 @@ ACTIONS = {
     "list_populations": 'the stored populations and the active one: {"dataset"}',
     "remove_population": "delete a stored population that is not active (tickets that pin it "
     'get NOT_FOUND): {"dataset", "population"} (admin)',
+    "claim_run": "a new generation of a training run resumed from a checkpoint (fencing): "
+    '{"dataset", "run", "after", "epoch", "position", "fresh"?} -> {"generation"}',
+    "check_run": "CANCELLED when a newer generation of a training run exists: "
+    '{"dataset", "run", "generation"}',
     "health": "liveness and the datasets served",
     "stats": "per dataset: rows, populations, streams served, rows and bytes sent, "
     "and what was served per population (rows, bytes, groups)",
@@ -152,7 +156,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         if isinstance(request, engine.MetadataRequest):
             self._note(dataset=request.dataset, population=request.population, metadata=True)
         else:
-            self._note(**request_fields(json.loads(request.to_json())))
+            self._note(**request_fields(request.to_dict()))
 
     # -- discovery --------------------------------------------------------------
 
@@ -250,15 +254,13 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         column = self.telemetry.column
         if column is None or column in engine.BASE_COLUMNS:
             return request, False
-        keys = json.loads(request.to_json())
-        if column in keys["columns"]:
+        if column in request.columns:
             return request, False
         # Only the schema is read: the metadata table stays in Rust.
         table = service.metadata(request.population)
         if not self.telemetry.groupable(pa.RecordBatchReader.from_stream(table).schema):
             return request, False
-        keys["columns"] = [*keys["columns"], column]
-        return engine.StreamRequest(**keys), True
+        return request.replace(columns=[*request.columns, column]), True
 
     @_flight_errors
     def do_put(
@@ -382,6 +384,23 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                     },
                     "populations": service.populations(),
                 }
+            case "claim_run":
+                run = RunAction.parse(body, claim=True)
+                self._note(dataset=run.dataset, run=run.run)
+                generation = self.catalog.require(run.dataset).claim_run(
+                    run.run,
+                    after=run.after,
+                    epoch=run.epoch,
+                    position=run.position,
+                    fresh=run.fresh,
+                )
+                log.info("%s: run %s resumed as generation %d", run.dataset, run.run, generation)
+                answer = {"dataset": run.dataset, "run": run.run, "generation": generation}
+            case "check_run":
+                run = RunAction.parse(body, claim=False)
+                self._note(dataset=run.dataset, run=run.run)
+                self.catalog.require(run.dataset).check_run(run.run, run.generation)
+                answer = {"dataset": run.dataset, "run": run.run, "generation": run.generation}
             case "health":
                 answer = {"status": "ok", "datasets": self.catalog.names()}
             case "stats":

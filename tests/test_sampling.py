@@ -590,6 +590,31 @@ def test_epoch_partitions_equal_the_per_sample_iterator(
     assert positions == [N + 4 + 3 + 2, N + 4 + 12, N + 4 + 13, N + 4 + 14]
 
 
+def test_a_partition_object_is_the_keyword_arguments(
+    runtime: drt.DatasetRuntime, cache_a: Path
+) -> None:
+    """One `Partition` replaces the six keywords (which build it, in one place)."""
+    dataset = open_dataset(runtime, cache_a)
+    keys = {"rank": 1, "world_size": 3, "start": 4, "stop": N - 2, "block": 3, "offset": 2}
+    partition = drt.Partition(**keys)
+    assert (partition.rank, partition.world_size, partition.stop) == (1, 3, N - 2)
+    assert partition.to_dict() == keys
+    assert partition == drt.Partition(**keys)
+    assert table_ids(dataset.epoch(1, partition).read_all()) == table_ids(
+        dataset.epoch(1, **keys).read_all()
+    )
+    twin = open_dataset(runtime, cache_a)  # at the same place in the same stream
+    assert sample_ids(dataset.iter_samples(partition)) == sample_ids(twin.iter_samples(**keys))
+    with pytest.raises(drt.InvalidArgumentError, match="not both"):
+        dataset.epoch(0, partition, rank=0)
+    with pytest.raises(drt.InvalidArgumentError, match="'rank'"):
+        drt.Partition(rank=3, world_size=3)
+    with pytest.raises(drt.InvalidArgumentError, match="stop=2"):
+        drt.Partition(start=3, stop=2)
+    whole = drt.Partition()
+    assert (whole.rank, whole.world_size, whole.block, whole.stop) == (0, 1, 1, None)
+
+
 @pytest.mark.parametrize(
     ("keys", "word"),
     [

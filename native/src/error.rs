@@ -64,6 +64,11 @@ pub enum Error {
     #[error("internal error: {0}")]
     Internal(String),
 
+    /// A loader of an older generation of a run: the run was resumed elsewhere
+    /// (`run::fence`). It must stop; over Flight it is CANCELLED, never retried.
+    #[error("{0}")]
+    Fenced(String),
+
     /// An Arrow kernel failed (a bug or an unsupported input type).
     #[error("arrow: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),
@@ -182,6 +187,7 @@ impl Error {
             Error::NotFound(m) => Error::NotFound(m.clone()),
             Error::Source(m) => Error::Source(m.clone()),
             Error::Internal(m) => Error::Internal(m.clone()),
+            Error::Fenced(m) => Error::Fenced(m.clone()),
             Error::Arrow(e) => Error::Internal(format!("arrow: {e}")),
         }
     }

@@ -10,6 +10,7 @@ pub mod hash;
 pub mod population;
 mod prefetch;
 pub mod request;
+pub mod run;
 pub mod sampling;
 pub mod service;
 pub mod storage;

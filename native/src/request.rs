@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::population::check_population_id;
+use crate::run::RunId;
 use crate::sampling::{Partition, ShuffleMode, StreamWindow};
 
 /// Largest command or ticket accepted, in bytes.
@@ -64,6 +65,12 @@ pub struct StreamRequest {
     /// Ticket only: samples of the partition to skip (a resume point).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
+    /// The training run reading (with `generation`): a stream of an older
+    /// generation than the run's newest stops (`run::fence`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -83,7 +90,7 @@ fn one_block() -> NonZeroU64 {
 }
 
 /// A population id: 32 lowercase hex digits (a content hash).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct PopulationId(String);
 
@@ -153,6 +160,17 @@ impl StreamRequest {
                     )));
                 }
             }
+        }
+        if self.run.is_some() != self.generation.is_some() {
+            return Err(Error::invalid(format!(
+                "'run' and 'generation' in the {what} come together (a training run's id \
+                 and its generation), got only '{}'",
+                if self.run.is_some() {
+                    "run"
+                } else {
+                    "generation"
+                }
+            )));
         }
         self.partition()?
             .check_range(self.epoch_len.map(NonZeroU64::get))
@@ -263,7 +281,7 @@ fn decode(raw: &[u8], what: &str) -> Result<Value> {
 }
 
 /// Deserialize with the failing key named: "'seed': invalid type: ...".
-fn deserialize<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T> {
+pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T> {
     serde_path_to_error::deserialize(value).map_err(|error| {
         let path = error.path().to_string();
         // serde quotes names with backticks and names Rust types; the protocol's

@@ -19,6 +19,8 @@ use crate::population::{
     PopulationStore,
 };
 use crate::request::StreamRequest;
+use crate::run::fence::{Claim, Fence};
+use crate::run::RunId;
 use crate::sampling::StreamOrder;
 use crate::storage::publish::validate_name;
 use crate::storage::{CacheSet, LiveCaches};
@@ -355,17 +357,40 @@ impl DatasetService {
         Ok(self.context(request)?.schema)
     }
 
-    /// Open the stream a request names.
+    /// Open the stream a request names. A request of a training run is fenced:
+    /// refused now, or ended before its next batch, once a newer generation
+    /// of the run exists.
     pub fn stream(
         &self,
         request: &StreamRequest,
         pool: Arc<WorkerPool>,
         options: StreamOptions,
     ) -> Result<EpochStream> {
+        let fence = match (&request.run, request.generation) {
+            (Some(run), Some(generation)) => {
+                let fence = Fence::new(self.store.runs(), run.clone(), generation);
+                fence.check()?;
+                Some(fence)
+            }
+            _ => None,
+        };
         let ctx = self.context(request)?;
-        let stream = EpochStream::new(ctx, pool, options)?.with_counters(self.counters.clone());
+        let mut stream = EpochStream::new(ctx, pool, options)?.with_counters(self.counters.clone());
+        if let Some(fence) = fence {
+            stream = stream.with_fence(fence);
+        }
         self.streams.fetch_add(1, Ordering::Relaxed);
         Ok(stream)
+    }
+
+    /// The generation a resume of `run` gets (`run::fence`).
+    pub fn claim_run(&self, run: &RunId, claim: Claim) -> Result<u64> {
+        self.store.claim_run(run, claim)
+    }
+
+    /// `Fenced` when a newer generation of `run` than `generation` exists.
+    pub fn check_run(&self, run: &RunId, generation: u64) -> Result<()> {
+        self.store.runs().check(run, generation)
     }
 
     pub fn stats(&self) -> ServiceStats {

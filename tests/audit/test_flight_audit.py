@@ -15,7 +15,7 @@ import pytest
 
 from dataset_rt.audit import RunDescription, write_manifest
 from dataset_rt.cli import main
-from dataset_rt.loader import LoaderState, LocalSource, Segment
+from dataset_rt.loader import LocalSource
 from dataset_rt.mixture import mixture_report
 from flight_client.source import FlightSource
 from flight_server.server import DatasetFlightServer
@@ -101,18 +101,13 @@ def test_the_manifest_is_what_the_server_streams(
 ) -> None:
     first = source.put(source.metadata(), activate=False)
     second = source.put(balanced(source.metadata()), activate=False)
-    state = LoaderState(
-        dataset=DATASET,
-        seed=SEED,
-        shuffle=True,
-        columns=[],
-        epoch_len=EPOCH_LEN,
-        batch_size=block,
-        world_size=world,
-        position=resume,
-        segments=[Segment(0, first), Segment(switch, second)],
-    )
-    run = RunDescription.from_state(state.to_dict(), epochs=[0, 1])
+    # A version 1 state (no resumes recorded) still describes a run.
+    state = {
+        "version": 1, "dataset": DATASET, "seed": SEED, "shuffle": True, "columns": [],
+        "epoch_len": EPOCH_LEN, "batch_size": block, "world_size": world, "epoch": 0,
+        "position": resume, "steps": 0, "segments": [[0, first], [switch, second]],
+    }  # fmt: skip
+    run = RunDescription.from_state(state, epochs=[0, 1])
     path = tmp_path / "manifest.parquet"
     rows = write_manifest(source, run, path, columns=["label"])
     expected = served_rows(

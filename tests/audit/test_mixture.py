@@ -12,7 +12,7 @@ import pytest
 
 import dataset_rt as drt
 from dataset_rt.audit import RunDescription, write_manifest
-from dataset_rt.loader import LoaderState, LocalSource, Segment
+from dataset_rt.loader import LocalSource, RunState
 from dataset_rt.mixture import REPORT_COLUMNS, fingerprint, mixture_report, read_report
 from dataset_rt.mixture_plot import figure_size
 
@@ -93,16 +93,18 @@ def test_a_range_of_the_manifest_and_a_switch(source: LocalSource, tmp_path: Pat
     expected shares mix both populations by their draws."""
     everything = source.put(source.metadata(), activate=False)
     twos = source.put(source.metadata().filter(pl.col("label") == 2), activate=False)
-    state = LoaderState(
+    state = RunState(
         dataset=DATASET,
         seed=SEED,
         shuffle=True,
         columns=[],
         epoch_len=1000,
+        population=everything,
         batch_size=20,
         world_size=2,
-        segments=[Segment(0, everything), Segment(600, twos)],
+        workers=0,
     )
+    state.switch(600, twos)
     run = RunDescription.from_state(state.to_dict())
     path = tmp_path / "m.parquet"
     write_manifest(source, run, path, columns=["label"])
@@ -120,6 +122,21 @@ def test_a_range_of_the_manifest_and_a_switch(source: LocalSource, tmp_path: Pat
         assert row["expected"] == pytest.approx(expected, rel=1e-9)
         assert row["observed"] == rows.filter(pl.col("label") == label).height
     assert report.populations == sorted([everything, twos])
+
+    # The switch is drawn, not blended: the timeline has label 2 alone after it.
+    assert report.switches == [(600, twos)]
+    assert report.timeline is not None
+    late = report.timeline.filter(pl.col("position") >= 600)
+    assert set(late.filter(pl.col("share") > 0)["label"].to_list()) == {2}
+    early = report.timeline.filter(pl.col("position") < 600)
+    assert len(set(early["label"].to_list())) == 3
+    assert report.segment_expected is not None
+    after_switch = report.segment_expected.filter(pl.col("start") == 600)
+    assert after_switch.filter(pl.col("label") == 2)["expected_share"].to_list() == [1.0]
+    png = tmp_path / "switch.png"
+    assert report.plot(png) == figure_size(3, timeline=True)
+    data = png.read_bytes()
+    assert struct.unpack(">II", data[16:24]) == figure_size(3, timeline=True)
 
 
 def test_ordered_runs_expect_row_shares(source: LocalSource) -> None:

@@ -39,7 +39,7 @@ from dataset_rt.audit import RunDescription
 from dataset_rt.audit_cli import EXIT_BAD_INPUT
 from dataset_rt.cli import main
 from dataset_rt.errors import InvalidArgumentError
-from dataset_rt.loader import LoaderState, LocalSource
+from dataset_rt.loader import LocalSource, RunState
 from flight_server.catalog import Catalog, DatasetSpec
 from flight_server.server import DatasetFlightServer
 
@@ -76,7 +76,11 @@ def save_state(source: LocalSource, path: Path, **changes: Any) -> Path:
         source, DATASET, seed=SEED, batch_size=8, world_size=2, epoch_len=EPOCH_LEN
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(run.state.to_dict() | changes))
+    state = run.state.to_dict() | changes
+    # The run's shape is recorded twice: at the top and in its last resume.
+    shape = {k: v for k, v in changes.items() if k in ("world_size", "batch_size")}
+    state["resumes"][-1] |= shape
+    path.write_text(json.dumps(state))
     return path
 
 
@@ -190,7 +194,7 @@ def test_the_name_rule_is_the_cores() -> None:
     state |= {"epoch_len": 1, "batch_size": 1, "world_size": 1, "epoch": 0, "position": 0}
     state |= {"steps": 0, "segments": [[0, "0" * 32]]}
     with pytest.raises(InvalidArgumentError, match="dataset name"):
-        LoaderState.from_dict(state)
+        RunState.from_dict(state)
 
 
 # -- the audit's bad inputs --------------------------------------------------------
@@ -223,8 +227,8 @@ def test_json_nested_100k_deep_is_one_line_and_exit_2(
         ({"batch_size": 2**40}, "draws no sample"),
         ({"world_size": 2**32}, "draws no sample"),
         ({"world_size": 2**40}, "'world_size'"),
-        ({"batch_size": 2**64}, "'block'"),
-        ({"batch_size": 2**70}, "'block'"),
+        ({"batch_size": 2**64}, "'batch_size'"),
+        ({"batch_size": 2**70}, "'batch_size'"),
         ({"seed": 2**64}, "'seed'"),
         ({"epoch_len": 2**64}, "'epoch_len'"),
         ({"batch_size": -1}, "'batch_size'"),

@@ -38,6 +38,7 @@ STATUSES: list[tuple[type[Exception], type[Exception]]] = [
     (drt.CacheIOError, flight.FlightInternalError),
     (drt.StorageFullError, flight.FlightUnavailableError),
     (drt.InternalError, flight.FlightInternalError),
+    (drt.FencedError, flight.FlightCancelledError),
     (drt.SourceError, flight.FlightServerError),
     (drt.DatasetRTError, flight.FlightServerError),
 ]

@@ -414,6 +414,8 @@ def test_list_actions_describes_every_action(raw: flight.FlightClient) -> None:
         "set_epoch_len",
         "list_populations",
         "remove_population",
+        "claim_run",
+        "check_run",
         "health",
         "stats",
     }

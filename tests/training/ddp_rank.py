@@ -12,10 +12,14 @@ Started once per rank with the ``torch.distributed`` environment (``RANK``,
 - ``switch_at``: before that step rank 0 puts a population of label 2 only and
   every rank switches to it at the agreed position
 - ``step_sleep``: seconds to wait after each step (to let a test act mid-epoch)
+- ``save_every``: rank 0 saves the checkpoint (to ``checkpoint``) after every that
+  many steps and logs ``{"saved": step}``; a rank whose run was resumed elsewhere
+  (``FencedError`` from its loader) logs ``{"fenced": message}`` and exits with 3
 
 Each rank trains a small model under DistributedDataParallel on the ``gloo``
 backend (so the ranks step in lockstep, as real training does) and appends one
-JSON line per step to ``<log>.rank<r>``: the step, the positions and the ids.
+JSON line per step to ``<log>.rank<r>``: the step (of this process, and of the
+run's epoch), the positions and the ids.
 Like a real training script, it talks to the data service before it creates
 the loader (reading the metadata), and it never sets a start method itself.
 """
@@ -35,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from dataset_rt.errors import FencedError
 from dataset_rt.torch import DatasetLoader
 
 FEATURES = 32
@@ -43,6 +48,23 @@ FEATURES = 32
 def features(batch: dict[str, Any]) -> torch.Tensor:
     rows = [list(p[:FEATURES].ljust(FEATURES, b"\0")) for p in batch["payload"]]
     return torch.tensor(rows, dtype=torch.float32) / 255.0
+
+
+def save(path: str, model: Any, optimizer: Any, loader: DatasetLoader) -> None:
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "loader": loader.state_dict(),  # FencedError here: nothing is written
+    }
+    partial = Path(path + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
+
+
+def fenced(log: Any, error: FencedError) -> None:
+    log.write(json.dumps({"fenced": str(error)}) + "\n")
+    log.flush()
+    os._exit(3)
 
 
 def main() -> None:
@@ -99,12 +121,16 @@ def main() -> None:
                 batch = next(batches)
             except StopIteration:
                 break
+            except FencedError as error:
+                fenced(log, error)
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(model(features(batch)), batch["label"])
             loss.backward()
             optimizer.step()
             record = {
                 "step": step,
+                # The run's own count of this epoch's batches (a resumed run goes on).
+                "epoch_step": loader.run_state.steps - 1,
                 "positions": batch["position"].tolist(),
                 "ids": list(
                     zip(batch["cache_id"].tolist(), batch["sample_id"].tolist(), strict=True)
@@ -114,18 +140,16 @@ def main() -> None:
             log.write(json.dumps(record) + "\n")
             log.flush()
             step += 1
+            if spec.get("save_every") and step % spec["save_every"] == 0 and rank == 0:
+                try:
+                    save(spec["checkpoint"], model, optimizer, loader)
+                except FencedError as error:
+                    fenced(log, error)
+                log.write(json.dumps({"saved": step}) + "\n")
+                log.flush()
             if spec.get("checkpoint_at") == step:
                 if rank == 0:
-                    partial = Path(spec["checkpoint"] + ".partial")
-                    torch.save(
-                        {
-                            "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(),
-                            "loader": loader.state_dict(),
-                        },
-                        partial,
-                    )
-                    os.replace(partial, spec["checkpoint"])
+                    save(spec["checkpoint"], model, optimizer, loader)
                 dist.barrier()
                 spec["step_sleep"] = spec.get("linger", 1.0)
             time.sleep(spec.get("step_sleep", 0.0))

@@ -24,7 +24,8 @@ def delivered(loaders: list[DatasetLoader], epochs: list[int]) -> list[dict[str,
     for rank, run in enumerate(loaders):
         for epoch in epochs:
             run.set_epoch(epoch)
-            for step, batch in enumerate(run):
+            for batch in run:
+                step = run.run_state.steps - 1  # the run's count: a resumed run goes on
                 for p, c, s, label in zip(
                     batch["position"].tolist(),
                     batch["cache_id"].tolist(),
@@ -55,7 +56,7 @@ def test_the_manifest_is_what_the_loaders_delivered(
     twos = source.put(only_label(source.metadata(), 2), activate=False)
 
     def loader(rank: int) -> DatasetLoader:
-        run = DatasetLoader(
+        return DatasetLoader(
             source,
             DATASET,
             batch_size=batch_size,
@@ -64,12 +65,17 @@ def test_the_manifest_is_what_the_loaders_delivered(
             rank=rank,
             world_size=world_size,
         )
-        state = run.state_dict() | {"position": resume_at}
+
+    # A checkpoint at ``resume_at`` (rank 0 read that far; in lockstep every rank did).
+    first = loader(0)
+    for _ in zip(range(resume_at // (world_size * batch_size)), first, strict=False):
+        pass
+    state = first.state_dict()
+    assert state["position"] == resume_at
+    loaders = [loader(r) for r in range(world_size)]
+    for run in loaders:
         run.load_state_dict(state)
         run.switch_population(twos, at=500 + 2 * world_size * batch_size)
-        return run
-
-    loaders = [loader(r) for r in range(world_size)]
     run = RunDescription.from_state(loaders[0].state_dict(), epochs=[0, 1])
     expected = sorted(
         delivered(loaders, [0, 1]),
@@ -88,7 +94,10 @@ def test_the_manifest_is_what_the_loaders_delivered(
 
 def test_an_empty_run_writes_an_empty_manifest(source: LocalSource, tmp_path: Path) -> None:
     run = DatasetLoader(source, DATASET, batch_size=8, seed=SEED)
-    state = run.state_dict() | {"position": 500}
+    for _ in run:
+        pass
+    state = run.state_dict()
+    assert state["position"] == 500
     path = tmp_path / "empty.parquet"
     assert write_manifest(source, RunDescription.from_state(state), path, columns=["label"]) == 0
     assert pq.read_schema(path).names == [*MANIFEST_COLUMNS, "label"]

@@ -5,6 +5,7 @@
 //! <state_dir>/<dataset>/populations/<id>.rows    its records and alias table (rows.rs)
 //! <state_dir>/<dataset>/active.json              {"population": id, "epoch_len": n}
 //! <state_dir>/<dataset>/active.lock              locked while active.json changes
+//! <state_dir>/<dataset>/runs/<run>.json           a run's newest generation (run/fence.rs)
 //! ```
 //! The id is the xxh3-128 of the table as one IPC record batch (32 hex
 //! digits; `table_id.rs`), so a file is verified by hashing it (`verify`),
@@ -27,6 +28,9 @@
 //! scan `populations/`, which may hold thousands of files.
 
 use std::fs::{self, File, OpenOptions};
+
+use crate::run::fence::{Claim, Runs};
+use crate::run::RunId;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -365,6 +369,25 @@ impl PopulationStore {
         let bytes = serde_json::to_vec_pretty(active)
             .map_err(|e| Error::internal(format!("cannot encode the active pointer: {e}")))?;
         self.write_atomically(&self.dir.join(ACTIVE), &bytes)
+    }
+
+    /// The runs resumed against this store (`run::fence`).
+    pub fn runs(&self) -> Runs {
+        Runs::new(&self.dir)
+    }
+
+    /// The generation a resume of `run` gets (see `run::fence`), recorded
+    /// durably before it is returned.
+    pub fn claim_run(&self, run: &RunId, claim: Claim) -> Result<u64> {
+        let runs = self.runs();
+        let _lock = self.lock_activation()?;
+        let (generation, write) = runs.decide(run, claim)?;
+        if write {
+            let bytes = serde_json::to_vec(&generation)
+                .map_err(|e| Error::internal(format!("cannot encode a run record: {e}")))?;
+            self.write_atomically(&runs.record_path(run)?, &bytes)?;
+        }
+        Ok(generation.generation)
     }
 
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<()> {

@@ -17,6 +17,7 @@ use super::args::{identity, positive, positive_usize_or, unsigned};
 use super::arrow::{export_stream, import_stream, stream_batch, ArrowTable};
 use super::config::ReaderOptions;
 use super::errors::{to_pyerr, Failure, IntoPyResult};
+use super::partition::Partition as PyPartition;
 use super::Runtime;
 use crate::dataset::Dataset as EngineDataset;
 use crate::error::Error;
@@ -186,17 +187,9 @@ impl Dataset {
     }
 
     /// Take the next epoch as a per-sample iterator, partitioned like a ticket.
-    #[pyo3(signature = (*, rank=None, world_size=None, start=None, stop=None, block=None, offset=None))]
-    fn samples(
-        &self,
-        rank: Option<&Bound<'_, PyAny>>,
-        world_size: Option<&Bound<'_, PyAny>>,
-        start: Option<&Bound<'_, PyAny>>,
-        stop: Option<&Bound<'_, PyAny>>,
-        block: Option<&Bound<'_, PyAny>>,
-        offset: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<SampleIterator> {
-        let partition = partition(rank, world_size, start, stop, block, offset)?;
+    #[pyo3(signature = (partition=None))]
+    fn samples(&self, partition: Option<PyRef<'_, PyPartition>>) -> PyResult<SampleIterator> {
+        let partition = partition.map_or(Partition::WHOLE, |p| p.inner);
         let stream = self
             .inner
             .next_epoch_with(|epoch| {
@@ -216,26 +209,17 @@ impl Dataset {
     /// One rank's partition of epoch `epoch` (positions `[e * L, (e + 1) * L)`
     /// of the active population at the current epoch length `L`), by the rule
     /// a Flight ticket follows. Does not move the dataset's position.
-    #[pyo3(signature = (
-        epoch, columns, *, rank=None, world_size=None, start=None, stop=None, block=None,
-        offset=None, batch_size=None, payload=true
-    ))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (epoch, columns, *, partition=None, batch_size=None, payload=true))]
     fn epoch(
         &self,
         epoch: &Bound<'_, PyAny>,
         columns: Option<Vec<String>>,
-        rank: Option<&Bound<'_, PyAny>>,
-        world_size: Option<&Bound<'_, PyAny>>,
-        start: Option<&Bound<'_, PyAny>>,
-        stop: Option<&Bound<'_, PyAny>>,
-        block: Option<&Bound<'_, PyAny>>,
-        offset: Option<&Bound<'_, PyAny>>,
+        partition: Option<PyRef<'_, PyPartition>>,
         batch_size: Option<&Bound<'_, PyAny>>,
         payload: bool,
     ) -> PyResult<BatchStream> {
         let batch_rows = batch_rows(batch_size)?;
-        let partition = partition(rank, world_size, start, stop, block, offset)?;
+        let partition = partition.map_or(Partition::WHOLE, |p| p.inner);
         let epoch = unsigned("epoch", epoch)?;
         let epoch_len = NonZeroU64::new(self.epoch_len()?)
             .ok_or_else(|| Error::internal("the dataset's epoch length is 0"))
@@ -368,34 +352,6 @@ fn batch_rows(batch_size: Option<&Bound<'_, PyAny>>) -> PyResult<NonZeroUsize> {
         batch_size,
         StreamOptions::default().batch_rows,
     )
-}
-
-/// A partition from the keyword arguments a ticket has (`None`: the default).
-fn partition(
-    rank: Option<&Bound<'_, PyAny>>,
-    world_size: Option<&Bound<'_, PyAny>>,
-    start: Option<&Bound<'_, PyAny>>,
-    stop: Option<&Bound<'_, PyAny>>,
-    block: Option<&Bound<'_, PyAny>>,
-    offset: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Partition> {
-    let or_zero = |name, value: Option<&Bound<'_, PyAny>>| {
-        value
-            .map(|v| unsigned(name, v))
-            .transpose()
-            .map(Option::unwrap_or_default)
-    };
-    let world = world_size.map(|w| positive("world_size", w)).transpose()?;
-    let block = block.map(|b| positive("block", b)).transpose()?;
-    let stop = stop.map(|s| unsigned("stop", s)).transpose()?;
-    Ok(Partition::new(
-        or_zero("rank", rank)?,
-        world.map_or(1, |w| w.get()),
-        or_zero("offset", offset)?,
-    )
-    .py()?
-    .range(or_zero("start", start)?, stop)
-    .blocks(block.unwrap_or(NonZeroU64::MIN)))
 }
 
 /// The window `start, start + stride, ...` (`count` positions).

@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 use crate::error::Error;
 
 /// (name, builtin base, docstring) of every subclass of `DatasetRTError`.
-const CLASSES: [(&str, Builtin, &str); 9] = [
+const CLASSES: [(&str, Builtin, &str); 10] = [
     (
         "CorruptCacheError",
         Builtin::OSError,
@@ -66,6 +66,14 @@ const CLASSES: [(&str, Builtin, &str); 9] = [
         "The volume a write needed is full (no space left on the device, or a quota). \
          Nothing was written; free space and retry. Over Flight it is UNAVAILABLE (the \
          server's state volume is full), which clients retry on another replica.",
+    ),
+    (
+        "FencedError",
+        Builtin::RuntimeError,
+        "This loader's training run was resumed elsewhere: a newer generation of the \
+         run exists (docs/training.md, \"Fencing\"). The loader stops instead of \
+         training on, and its state cannot be saved. Over Flight it is CANCELLED, which \
+         clients never retry.",
     ),
 ];
 
@@ -150,6 +158,7 @@ fn class_of(error: &Error) -> usize {
         Error::Source(_) => 7,
         Error::Internal(_) => 8,
         Error::StorageFull { .. } => 9,
+        Error::Fenced(_) => 10,
     }
 }
 

@@ -9,7 +9,9 @@ mod config;
 mod dataset;
 mod errors;
 mod ingest;
+mod partition;
 mod request;
+mod run_state;
 mod service;
 mod writer;
 
@@ -60,6 +62,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<service::ServiceStats>()?;
     m.add_class::<request::StreamRequest>()?;
     m.add_class::<request::MetadataRequest>()?;
+    m.add_class::<partition::Partition>()?;
+    m.add_class::<run_state::RunState>()?;
+    m.add_class::<run_state::RunSpan>()?;
+    m.add("STATE_VERSION", crate::run::STATE_VERSION)?;
     m.add_class::<config::ReaderOptions>()?;
     m.add_class::<config::WriteOptions>()?;
     m.add_class::<config::CompressionOptions>()?;

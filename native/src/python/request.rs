@@ -54,6 +54,48 @@ impl StreamRequest {
         })
     }
 
+    /// The same request with `keys` changed (`None` removes a key: its
+    /// default applies), checked by the same rules; a request with a rank is
+    /// a ticket.
+    #[pyo3(signature = (**keys))]
+    fn replace(&self, keys: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let Value::Object(mut object) = serde_json::to_value(&self.inner)
+            .map_err(|e| Error::internal(format!("cannot encode the request: {e}")))
+            .py()?
+        else {
+            return Err(Error::internal("a request encodes as a JSON object")).py();
+        };
+        if let Some(keys) = keys {
+            for (key, value) in keys.iter() {
+                let key: String = key.extract()?;
+                if value.is_none() {
+                    object.remove(&key);
+                } else {
+                    let value = to_json(&value)
+                        .map_err(|detail| Error::invalid(format!("'{key}' {detail}")))
+                        .py()?;
+                    object.insert(key, value);
+                }
+            }
+        }
+        let what = if object.contains_key("rank") {
+            "ticket"
+        } else {
+            "command"
+        };
+        Ok(StreamRequest {
+            inner: request::StreamRequest::from_value(Value::Object(object), what).py()?,
+        })
+    }
+
+    /// The keys that are set, as a dict (what `to_json` encodes).
+    fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let value = serde_json::to_value(&self.inner)
+            .map_err(|e| Error::internal(format!("cannot encode the request: {e}")))
+            .py()?;
+        super::run_state::to_python(py, &value)
+    }
+
     /// The ticket of rank `rank` (offset 0 unless this request has one).
     fn for_rank(&self, rank: u64) -> PyResult<Self> {
         Ok(StreamRequest {
@@ -133,6 +175,16 @@ impl StreamRequest {
         self.inner.payload
     }
 
+    #[getter]
+    fn columns(&self) -> Vec<String> {
+        self.inner.columns.clone()
+    }
+
+    #[getter]
+    fn shuffle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.inner.shuffle.into_pyobject(py)?)
+    }
+
     /// Samples each rank's partition holds (before `offset`); needs the epoch
     /// length, so call it on a pinned request.
     fn samples_per_rank(&self) -> PyResult<u64> {
@@ -185,7 +237,7 @@ pub fn parse_ticket(py: Python<'_>, raw: &[u8]) -> PyResult<Py<PyAny>> {
 }
 
 /// A Python value as JSON (the types the protocol's keys take).
-fn to_json(value: &Bound<'_, PyAny>) -> Result<Value, String> {
+pub(super) fn to_json(value: &Bound<'_, PyAny>) -> Result<Value, String> {
     if let Ok(b) = value.cast::<PyBool>() {
         return Ok(Value::Bool(b.is_true()));
     }
@@ -205,6 +257,17 @@ fn to_json(value: &Bound<'_, PyAny>) -> Result<Value, String> {
     }
     if let Ok(s) = value.cast::<PyString>() {
         return Ok(Value::String(s.to_string()));
+    }
+    if let Ok(dict) = value.cast::<PyDict>() {
+        let mut object = Map::new();
+        for (key, item) in dict.iter() {
+            let key: String = key
+                .extract()
+                .map_err(|_| "has a key that is not a string".to_string())?;
+            let item = to_json(&item).map_err(|detail| format!("'{key}' {detail}"))?;
+            object.insert(key, item);
+        }
+        return Ok(Value::Object(object));
     }
     if value.cast::<PyList>().is_ok() || value.cast::<PyTuple>().is_ok() {
         let mut items = Vec::new();

@@ -7,6 +7,9 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use pyo3::prelude::*;
 
+use crate::run::fence::Claim;
+use crate::run::RunId;
+
 use super::args::{positive, positive_usize_or};
 use super::arrow::{import_stream, stream_batch, ArrowTable};
 use super::dataset::BatchStream;
@@ -210,6 +213,34 @@ impl DatasetService {
     fn schema(&self, py: Python<'_>, request: &StreamRequest) -> PyResult<ArrowTable> {
         let schema = py.detach(|| self.inner.check(&request.inner)).py()?;
         Ok(ArrowTable::new(RecordBatch::new_empty(schema).into()))
+    }
+
+    /// The generation a resume of run `run` gets, recorded in the store before
+    /// it is returned: the resume loaded a state of generation `after` at
+    /// `(epoch, position)`; `fresh` always gets a new one (see `run::fence`).
+    #[pyo3(signature = (run, *, after, epoch, position, fresh=false))]
+    fn claim_run(
+        &self,
+        py: Python<'_>,
+        run: String,
+        after: u64,
+        epoch: u64,
+        position: u64,
+        fresh: bool,
+    ) -> PyResult<u64> {
+        let run = RunId::try_from(run).py()?;
+        let claim = Claim {
+            after,
+            place: (epoch, position),
+            fresh,
+        };
+        py.detach(|| self.inner.claim_run(&run, claim)).py()
+    }
+
+    /// `FencedError` when a newer generation of run `run` than `generation` exists.
+    fn check_run(&self, py: Python<'_>, run: String, generation: u64) -> PyResult<()> {
+        let run = RunId::try_from(run).py()?;
+        py.detach(|| self.inner.check_run(&run, generation)).py()
     }
 
     fn stats(&self) -> ServiceStats {

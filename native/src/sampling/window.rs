@@ -77,6 +77,25 @@ impl Partition {
         Partition { block, ..self }
     }
 
+    pub fn rank(&self) -> u64 {
+        self.rank
+    }
+    pub fn world_size(&self) -> u64 {
+        self.world_size.get()
+    }
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+    pub fn stop(&self) -> Option<u64> {
+        self.stop
+    }
+    pub fn block(&self) -> u64 {
+        self.block.get()
+    }
+
     /// Samples each rank receives of an epoch of `epoch_len` positions.
     pub fn per_rank(&self, epoch_len: u64) -> Result<u64> {
         let (start, stop) = self.bounds(epoch_len)?;

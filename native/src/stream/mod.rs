@@ -25,6 +25,7 @@ pub use batch::{BaseColumn, BatchContext, BASE_COLUMNS};
 pub use draws::draw_rows;
 
 use crate::error::Result;
+use crate::run::fence::Fence;
 use crate::workers::ReorderBuffer;
 
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +94,8 @@ pub struct EpochStream {
     cancelled: Arc<AtomicBool>,
     finished: bool,
     counters: Option<Arc<StreamCounters>>,
+    /// A training run's stream ends before a batch once the run is resumed elsewhere.
+    fence: Option<Fence>,
 }
 
 impl EpochStream {
@@ -110,7 +113,14 @@ impl EpochStream {
             cancelled: Arc::new(AtomicBool::new(false)),
             finished: false,
             counters: None,
+            fence: None,
         })
+    }
+
+    /// Check `fence` before handing out each batch.
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = Some(fence);
+        self
     }
 
     /// Count the rows and bytes this stream delivers into `counters`.
@@ -147,6 +157,8 @@ impl EpochStream {
         let (rows, bytes) = self.in_flight.pop_front().unwrap_or((0, 0));
         self.in_flight_rows -= rows;
         self.in_flight_bytes -= bytes;
+        let fenced = self.fence.as_ref().map_or(Ok(()), Fence::check);
+        let result = fenced.and(result);
         if result.is_err() {
             self.finished = true;
             self.cancelled.store(true, Ordering::Relaxed);
