@@ -24,26 +24,7 @@ impl StreamRequest {
     #[new]
     #[pyo3(signature = (**keys))]
     fn new(keys: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let mut object = Map::new();
-        if let Some(keys) = keys {
-            for (key, value) in keys.iter() {
-                let key: String = key.extract()?;
-                if !value.is_none() {
-                    let value = to_json(&value)
-                        .map_err(|detail| Error::invalid(format!("'{key}' {detail}")))
-                        .py()?;
-                    object.insert(key, value);
-                }
-            }
-        }
-        let what = if object.contains_key("rank") {
-            "ticket"
-        } else {
-            "command"
-        };
-        Ok(StreamRequest {
-            inner: request::StreamRequest::from_value(Value::Object(object), what).py()?,
-        })
+        with_keys(Map::new(), keys)
     }
 
     /// Parse a `get_flight_info` command.
@@ -59,33 +40,13 @@ impl StreamRequest {
     /// a ticket.
     #[pyo3(signature = (**keys))]
     fn replace(&self, keys: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let Value::Object(mut object) = serde_json::to_value(&self.inner)
+        let Value::Object(object) = serde_json::to_value(&self.inner)
             .map_err(|e| Error::internal(format!("cannot encode the request: {e}")))
             .py()?
         else {
             return Err(Error::internal("a request encodes as a JSON object")).py();
         };
-        if let Some(keys) = keys {
-            for (key, value) in keys.iter() {
-                let key: String = key.extract()?;
-                if value.is_none() {
-                    object.remove(&key);
-                } else {
-                    let value = to_json(&value)
-                        .map_err(|detail| Error::invalid(format!("'{key}' {detail}")))
-                        .py()?;
-                    object.insert(key, value);
-                }
-            }
-        }
-        let what = if object.contains_key("rank") {
-            "ticket"
-        } else {
-            "command"
-        };
-        Ok(StreamRequest {
-            inner: request::StreamRequest::from_value(Value::Object(object), what).py()?,
-        })
+        with_keys(object, keys)
     }
 
     /// The keys that are set, as a dict (what `to_json` encodes).
@@ -202,6 +163,35 @@ impl StreamRequest {
         let json = self.inner.to_json().unwrap_or_default();
         format!("StreamRequest({})", String::from_utf8_lossy(&json))
     }
+}
+
+/// `object` with `keys` set (a `None` value removes its key: its default
+/// applies), checked by the engine's rules; with a rank it is a ticket.
+fn with_keys(
+    mut object: Map<String, Value>,
+    keys: Option<&Bound<'_, PyDict>>,
+) -> PyResult<StreamRequest> {
+    if let Some(keys) = keys {
+        for (key, value) in keys.iter() {
+            let key: String = key.extract()?;
+            if value.is_none() {
+                object.remove(&key);
+            } else {
+                let value = to_json(&value)
+                    .map_err(|detail| Error::invalid(format!("'{key}' {detail}")))
+                    .py()?;
+                object.insert(key, value);
+            }
+        }
+    }
+    let what = if object.contains_key("rank") {
+        "ticket"
+    } else {
+        "command"
+    };
+    Ok(StreamRequest {
+        inner: request::StreamRequest::from_value(Value::Object(object), what).py()?,
+    })
 }
 
 /// A `do_get` ticket for a population's metadata table.

@@ -178,6 +178,25 @@ const KEYS_V1: &[&str] = &[
 ];
 const KEYS_V2: &[&str] = &["workers", "run", "generation", "resumes"];
 
+impl Saved {
+    /// The state these keys describe, with its run id and spans.
+    fn into_state(self, run: RunId, resumes: Vec<Resume>) -> RunState {
+        RunState {
+            dataset: self.dataset,
+            seed: self.seed,
+            shuffle: self.shuffle,
+            columns: self.columns,
+            epoch_len: self.epoch_len,
+            epoch: self.epoch,
+            position: self.position,
+            steps: self.steps,
+            segments: self.segments,
+            run,
+            resumes,
+        }
+    }
+}
+
 /// What a new run is given.
 #[derive(Debug, Clone)]
 pub struct RunStart {
@@ -291,29 +310,21 @@ impl RunState {
         Ok(state)
     }
 
-    fn from_version_2(saved: Saved) -> Result<Self> {
-        let (Some(workers), Some(run), Some(generation), Some(resumes)) =
-            (saved.workers, saved.run, saved.generation, saved.resumes)
-        else {
+    fn from_version_2(mut saved: Saved) -> Result<Self> {
+        let (Some(workers), Some(run), Some(generation), Some(resumes)) = (
+            saved.workers,
+            saved.run.take(),
+            saved.generation,
+            saved.resumes.take(),
+        ) else {
             return Err(Error::internal("a version 2 state's keys were checked"));
         };
-        let state = RunState {
-            dataset: saved.dataset,
-            seed: saved.seed,
-            shuffle: saved.shuffle,
-            columns: saved.columns,
-            epoch_len: saved.epoch_len,
-            epoch: saved.epoch,
-            position: saved.position,
-            steps: saved.steps,
-            segments: saved.segments,
-            run,
-            resumes,
-        };
+        let (world_size, batch_size) = (saved.world_size, saved.batch_size);
+        let state = saved.into_state(run, resumes);
         let last = state.current()?;
         for (key, saved_value, span_value) in [
-            ("world_size", saved.world_size.get(), last.world_size.get()),
-            ("batch_size", saved.batch_size.get(), last.batch_size.get()),
+            ("world_size", world_size.get(), last.world_size.get()),
+            ("batch_size", batch_size.get(), last.batch_size.get()),
             ("workers", workers, last.workers),
             ("generation", generation, last.generation),
         ] {
@@ -344,19 +355,9 @@ impl RunState {
             generation: 0,
         };
         let here = (saved.epoch, saved.position);
-        Ok(RunState {
-            resumes: vec![span((0, 0), Some(here), 0), span(here, None, saved.steps)],
-            run: RunId(format!("{:032x}", xxh3_128(&identity))),
-            dataset: saved.dataset,
-            seed: saved.seed,
-            shuffle: saved.shuffle,
-            columns: saved.columns,
-            epoch_len: saved.epoch_len,
-            epoch: saved.epoch,
-            position: saved.position,
-            steps: saved.steps,
-            segments: saved.segments,
-        })
+        let resumes = vec![span((0, 0), Some(here), 0), span(here, None, saved.steps)];
+        let run = RunId(format!("{:032x}", xxh3_128(&identity)));
+        Ok(saved.into_state(run, resumes))
     }
 
     /// The saved form: compact JSON, always the current version.
@@ -396,7 +397,7 @@ impl RunState {
                 self.epoch_len, self.position
             )));
         }
-        let last_epoch = u64::MAX / self.epoch_len.get() - 1;
+        let last_epoch = self.last_epoch();
         let valid_segments = "a non-empty list of [from_position, population_id] pairs, \
                               ascending from 0";
         match self.segments.first() {
@@ -419,7 +420,7 @@ impl RunState {
                 pair[1].0, pair[0].0
             )));
         }
-        self.check_resumes(last_epoch)?;
+        self.check_resumes()?;
         if self.epoch > last_epoch {
             return Err(Error::invalid(format!(
                 "loader state 'epoch' must be <= {last_epoch} (epochs of {} positions end \
@@ -438,7 +439,8 @@ impl RunState {
         Ok(())
     }
 
-    fn check_resumes(&self, last_epoch: u64) -> Result<()> {
+    fn check_resumes(&self) -> Result<()> {
+        let last_epoch = self.last_epoch();
         let valid = "a non-empty list of spans {from, until, steps, world_size, batch_size, \
                      workers, generation}, 'until' on every span but the last, generations \
                      never decreasing";
@@ -490,6 +492,11 @@ impl RunState {
             }
         }
         Ok(())
+    }
+
+    /// The last epoch whose positions all fit below 2**64.
+    pub(crate) fn last_epoch(&self) -> u64 {
+        u64::MAX / self.epoch_len.get() - 1
     }
 
     /// The span being read (there is always one).

@@ -237,7 +237,7 @@ impl RunState {
         if epoch == self.epoch {
             return Ok(());
         }
-        let last_epoch = u64::MAX / self.epoch_len.get() - 1;
+        let last_epoch = self.last_epoch();
         if epoch > last_epoch {
             return Err(Error::invalid(format!(
                 "'epoch' must be <= {last_epoch} (epochs of {} positions end at 2**64), got \
@@ -298,7 +298,7 @@ impl RunState {
                 generation,
             },
         );
-        resumed.check_resumes(u64::MAX / self.epoch_len.get() - 1)?;
+        resumed.check_resumes()?;
         resumed.check_share()?;
         *self = resumed;
         Ok(())
