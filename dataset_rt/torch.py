@@ -27,7 +27,6 @@ import shutil
 import tempfile
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -46,17 +45,10 @@ except ImportError as error:  # pragma: no cover - exercised when torch is absen
 import numpy as np
 import pyarrow as pa
 
+from dataset_rt.batches import BatchLoader, Tagged, numpy_columns, tagged
 from dataset_rt.config import ShuffleMode
 from dataset_rt.errors import InternalError, InvalidArgumentError
-from dataset_rt.loader import RunState, Segment, StreamSource, blocks
-from dataset_rt.service import StreamRequest
-from dataset_rt.signals import InputStats, show_input_logs
-from dataset_rt.signals import log as input_log
-
-#: A worker's batch for the loader: (first position, reader id, reader's stream
-#: restarts so far, its failovers since its last batch in words, batch); the
-#: reader id is the worker's id, -1 in-process.
-Tagged = tuple[int, int, int, list[str], Any]
+from dataset_rt.loader import RunState, StreamSource
 
 #: Why a worker started while a worker process was importing the training script.
 MAIN_GUARD = (
@@ -68,8 +60,10 @@ MAIN_GUARD = (
 )
 
 
-class DatasetLoader:
-    """Batches of one rank's share of each epoch, with exact checkpoint and resume.
+class DatasetLoader(BatchLoader):
+    """Batches of one rank's share of each epoch, with exact checkpoint and resume,
+    read by DataLoader workers (`dataset_rt.batches.BatchLoader` with workers,
+    tensors and ``torch.distributed``).
 
     ``source`` is a `dataset_rt.loader.LocalSource` (in-process) or a
     ``flight_client.FlightSource`` (a server). ``rank`` and ``world_size``
@@ -79,7 +73,9 @@ class DatasetLoader:
 
     A batch is, by default, a dict: ``payload`` (list of bytes), ``position``,
     ``cache_id``, ``sample_id`` (uint64 tensors: cache ids use all 64 bits) and
-    each requested column (a tensor for numbers and booleans, else a list). With ``transform``, each
+    each requested column (a tensor for numbers and booleans, else a list);
+    ``batch_format="numpy"`` hands the same out as NumPy arrays and
+    ``"arrow"`` as a ``pyarrow.Table``. With ``transform``, each
     sample (a dict of the same keys holding one value) is transformed in the
     worker and the results are collated by ``collate_fn`` (default:
     ``torch.utils.data.default_collate``); ``collate_fn`` alone receives the list
@@ -87,6 +83,8 @@ class DatasetLoader:
     Workers are kept across epochs and population switches unless
     ``persistent_workers=False``.
     """
+
+    formats = ("torch", "numpy", "arrow")
 
     def __init__(
         self,
@@ -105,27 +103,27 @@ class DatasetLoader:
         num_workers: int = 0,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        batch_format: str = "torch",
         prefetch_factor: int | None = None,
         pin_memory: bool = False,
         multiprocessing_context: str | None = None,
         log_input_every: int | None = None,
         persistent_workers: bool = True,
     ) -> None:
-        for name, value, low in (
-            ("batch_size", batch_size, 1),
-            ("num_workers", num_workers, 0),
-            ("epoch", epoch, 0),
-            ("seed", seed, 0),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidArgumentError(f"{name!r} must be an integer >= {low}, got {value!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise InvalidArgumentError(
+                f"'num_workers' must be an integer >= 0, got {num_workers!r}"
+            )
         if multiprocessing_context == "fork":
             raise InvalidArgumentError(
                 "multiprocessing_context='fork' is refused: a forked worker of a process that "
                 "used gRPC (a Flight client) hangs; use 'forkserver' or 'spawn' (the default)"
             )
-        self.source = source
-        self.batch_size = batch_size
+        if batch_format != "torch" and (transform is not None or collate_fn is not None):
+            raise InvalidArgumentError(
+                f"batch_format={batch_format!r} applies to the default batches; with "
+                f"transform or collate_fn a batch is what collate_fn returns"
+            )
         self.num_workers = num_workers
         self.transform = transform
         self.collate_fn = collate_fn
@@ -137,204 +135,43 @@ class DatasetLoader:
         self._kept: tuple[DataLoader[Any], Path] | None = None
         self.multiprocessing_context = multiprocessing_context or _default_start_method()
         distributed = dist.is_available() and dist.is_initialized()
-        self.world_size = world_size or (dist.get_world_size() if distributed else 1)
-        self.rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
-        if not 0 <= self.rank < self.world_size:
-            raise InvalidArgumentError(
-                f"'rank' must be in [0, world_size={self.world_size}), got {self.rank}"
-            )
-        if log_input_every is not None and (
-            isinstance(log_input_every, bool)
-            or not isinstance(log_input_every, int)
-            or log_input_every < 1
-        ):
-            raise InvalidArgumentError(
-                f"'log_input_every' must be None or an integer >= 1 (batches), "
-                f"got {log_input_every!r}"
-            )
-        self.log_input_every = log_input_every
-        if log_input_every:
-            show_input_logs()
-        self.input = InputStats(self.rank)
-        #: When the trainer last asked whether the run was resumed elsewhere.
-        self._fence_checked = -float("inf")
-        #: The current epoch was read to its end and `set_epoch` was not called since.
-        self._epoch_done = False
-        pinned = source.resolve(
-            StreamRequest(
-                dataset=dataset,
-                seed=seed,
-                epoch=epoch,
-                epoch_len=epoch_len,
-                population=population,
-                columns=list(columns),
-                shuffle=shuffle,
-            )
-        )
-        if pinned.population is None or pinned.epoch_len is None:
-            raise InternalError(f"the source did not pin the request: {pinned!r}")
-        self._state = RunState(
-            dataset=dataset,
-            seed=seed,
-            shuffle=shuffle,
-            columns=list(columns),
-            epoch_len=pinned.epoch_len,
-            population=pinned.population,
+        super().__init__(
+            source,
+            dataset,
             batch_size=batch_size,
-            world_size=self.world_size,
-            workers=num_workers,
+            seed=seed,
             epoch=epoch,
+            epoch_len=epoch_len,
+            population=population,
+            columns=columns,
+            shuffle=shuffle,
+            rank=rank if rank is not None else (dist.get_rank() if distributed else 0),
+            world_size=world_size or (dist.get_world_size() if distributed else 1),
+            batch_format=batch_format,
+            log_input_every=log_input_every,
         )
-        self._state.check_share()
 
-    # -- the state -------------------------------------------------------------------
+    # -- agreement across ranks -------------------------------------------------------
 
-    @property
-    def epoch(self) -> int:
-        return self._state.epoch
-
-    @property
-    def position(self) -> int:
-        """Epoch-relative: every position before it has been consumed."""
-        return self._state.position
-
-    @property
-    def segments(self) -> list[Segment]:
-        """The population segments, ascending from position 0."""
-        return [Segment(start, population) for start, population in self._state.segments]
-
-    @property
-    def run_state(self) -> RunState:
-        """A copy of the run's state (`dataset_rt.loader.RunState`)."""
-        return self._state.copy()
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the run is, as plain JSON-serialisable data.
-
-        It assumes every rank has taken as many batches as this one (as in
-        lockstep data-parallel training), so any one rank's state describes the
-        run; save it from rank 0. A loader whose run was resumed elsewhere (a
-        newer generation exists) raises `FencedError` instead: its state must
-        not replace the newer run's checkpoint.
-        """
-        state = self._state
-        self.source.check_run(state.dataset, state.run, state.generation)
-        return state.to_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a state (at any world size, worker count or batch size):
-        a new generation of the run, recorded in the state with this loader's
-        world size, batch size and workers.
-
-        The loader's own dataset must be the state's; its seed, epoch length,
-        columns, shuffle and population segments become the state's.
-        """
-        loaded = RunState.from_dict(state)
-        if loaded.dataset != self._state.dataset:
-            raise InvalidArgumentError(
-                f"the state is of dataset {loaded.dataset!r}; this loader reads "
-                f"{self._state.dataset!r}"
-            )
-        generation = self._claim(loaded)
-        loaded.resume(self.world_size, self.batch_size, self.num_workers, generation)
-        replaced = [
-            f"{key} {getattr(self._state, key)!r} -> {getattr(loaded, key)!r}"
-            for key in ("seed", "shuffle", "columns", "epoch_len")
-            if getattr(loaded, key) != getattr(self._state, key)
-        ]
-        if replaced:
-            warnings.warn(
-                f"load_state_dict: the state's settings replace this loader's "
-                f"({', '.join(replaced)}): a resumed run keeps the ones it started with. "
-                f"Build the loader with the state's values to silence this.",
-                UserWarning,
-                stacklevel=2,
-            )
-        self._state = loaded
-        self._epoch_done = False
-
-    def _check_fence(self) -> None:
-        """`FencedError` once the run was resumed elsewhere: asked before a batch
-        is handed out, at most every ``source.fence_interval`` seconds (0 for
-        a state directory, a file read; 1 for a server, a round trip). The
-        streams are fenced too, but batches already received would go on."""
-        now = time.monotonic()
-        if now - self._fence_checked >= getattr(self.source, "fence_interval", 0.0):
-            state = self._state
-            self.source.check_run(state.dataset, state.run, state.generation)
-            self._fence_checked = now
-
-    def _claim(self, loaded: RunState) -> int:
-        """This resume's generation of the run. With ``torch.distributed``, rank
-        0 claims a new one and tells the others (every rank calls
-        ``load_state_dict``, as with any collective); without it each loader
-        claims from the checkpoint it loaded, and every loader of one
-        checkpoint gets the same generation."""
-
-        def claim(fresh: bool) -> int:
-            return self.source.claim_run(
-                loaded.dataset,
-                loaded.run,
-                after=loaded.generation,
-                epoch=loaded.epoch,
-                position=loaded.position,
-                fresh=fresh,
-            )
-
+    def _agree_generation(self, loaded: RunState) -> int:
+        """With ``torch.distributed``, rank 0 claims a new generation and tells
+        the others (every rank calls ``load_state_dict``, as with any
+        collective); without it each loader claims from the checkpoint it
+        loaded, and every loader of one checkpoint gets the same generation."""
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             chosen = torch.zeros(1, dtype=torch.int64)
             if dist.get_rank() == 0:
-                chosen[0] = claim(fresh=True)
+                chosen[0] = self._claim(loaded, fresh=True)
             dist.broadcast(chosen, src=0)
             return int(chosen.item())
-        return claim(fresh=False)
+        return self._claim(loaded, fresh=False)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` next, from its start. Calling it with the epoch the
-        state is already in keeps the position, so the usual resume loop
-        (``load_state_dict``, then ``set_epoch(e)`` for ``e`` from the saved epoch)
-        continues where the run stopped."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise InvalidArgumentError(f"'epoch' must be an integer >= 0, got {epoch!r}")
-        self._epoch_done = False
-        self._state.set_epoch(epoch)
-
-    # -- reweighting ---------------------------------------------------------------
-
-    def switch_population(self, population: str, *, at: int | None = None) -> int:
-        """Draw from ``population`` (an id from ``put``/``do_put``) from a global
-        batch boundary on; returns that absolute stream position.
-
-        Without ``at``, the boundary is the next one that no rank has passed:
-        the furthest position any rank has consumed, agreed through
-        ``torch.distributed`` when it is initialised (then every rank must call
-        this, as with any collective). ``at`` names it explicitly (a controller's
-        choice): it must not be behind this rank and must lie on this run's batch
-        grid. Positions before it keep their population; a state saved later
-        records the switch.
-        """
-        # A malformed, unknown or unusable population fails here, on every rank
-        # alike, not later in a DataLoader worker.
-        if not isinstance(population, str):
-            raise InvalidArgumentError(
-                f"a population id is 32 lowercase hex digits (as do_put answers), "
-                f"got {population!r}"
-            )
-        self.source.resolve(self._state.command(population))
-        consumed = self._state.epoch_start + self._state.position
-        if at is None:
-            at = consumed
-            if dist.is_available() and dist.is_initialized():
-                furthest = torch.tensor([consumed], dtype=torch.int64)
-                dist.all_reduce(furthest, op=dist.ReduceOp.MAX)
-                at = int(furthest.item())
-        if isinstance(at, bool) or not isinstance(at, int) or at < consumed:
-            raise InvalidArgumentError(
-                f"'at' must be an absolute position >= {consumed} (what this rank has "
-                f"consumed), got {at!r}"
-            )
-        self._state.switch(at, population)
-        return at
+    def _furthest(self, consumed: int) -> int:
+        if dist.is_available() and dist.is_initialized():
+            furthest = torch.tensor([consumed], dtype=torch.int64)
+            dist.all_reduce(furthest, op=dist.ReduceOp.MAX)
+            return int(furthest.item())
+        return consumed
 
     # -- iteration -----------------------------------------------------------------
 
@@ -386,81 +223,12 @@ class DatasetLoader:
             loader.load_state_dict(state)
         return loader
 
-    def __len__(self) -> int:
-        """Batches this rank still takes in the current epoch."""
-        return self._state.batches_left()
-
-    def __iter__(self) -> Iterator[Any]:
-        """The rest of the current epoch for this rank; the state moves with
-        every batch taken. When the epoch is done, ``position`` is the epoch
-        length (the tail the partition rule drops is dropped).
-
-        Iterating again after the epoch ended, without `set_epoch`, is an error
-        that says so (it would read nothing), as is a worker started while the
-        training script is being imported by a worker process."""
-        if self._epoch_done:
-            epoch = self._state.epoch
-            raise InvalidArgumentError(
-                f"epoch {epoch} of this loader is done: every rank has read its share. "
-                f"Call loader.set_epoch({epoch + 1}) before iterating again, as with "
-                f"DistributedSampler.set_epoch (set_epoch({epoch}) reads nothing more of "
-                f"epoch {epoch})"
-            )
-        while True:
-            if not self._state.parts():
-                return
-            plan = self._state.segments
-            batches = self._data_loader()
-            for first_position, batch in self._watched(batches):
-                self._check_fence()
-                self._state.advance(first_position)
-                yield self._ready(batch)
-                if self._state.segments != plan:
-                    # A switch was recorded: stop these workers (their prefetched
-                    # batches may be past it) and read on with the new segments.
-                    break
-            else:
-                self._state.finish_epoch()
-                self._epoch_done = True
-                return
-            del batches
-
-    def _watched(self, batches: Iterator[Tagged]) -> Iterator[tuple[int, Any]]:
-        """``batches`` as (first position, batch), timing how long each took to
-        arrive (the trainer's wait, not its compute: the time is taken while the
-        trainer is inside ``next()``) and noting each reader's restarts."""
-        self.input.new_readers()
-        while True:
-            asked = time.perf_counter()
-            try:
-                first_position, reader, restarts, notes, batch = next(batches)
-            except StopIteration:
-                return
-            except RuntimeError as error:
-                if "exited unexpectedly" not in str(error):
-                    raise
-                raise InternalError(
-                    f"{error}: see the worker's error above. If it says a new process was "
-                    f"started before bootstrapping finished, the training script needs "
-                    f'`if __name__ == "__main__":` (forkserver and spawn workers import it)'
-                ) from error
-            self.input.waited(time.perf_counter() - asked)
-            self.input.reader_restarts(reader, restarts)
-            for note in notes:
-                input_log.warning("rank %d, reader %d: %s", self.rank, reader, note)
-            if self.log_input_every and self.input.batches % self.log_input_every == 0:
-                self.input.log()
-            yield first_position, batch
-
-    def input_stats(self) -> dict[str, Any]:
-        """How long this rank waited for its batches (p50/p99 over the last 10,000,
-        in ms, and the total) and how many times its streams restarted on another
-        replica (see `dataset_rt.signals`)."""
-        return self.input.snapshot()
-
     def _ready(self, batch: Any) -> Any:
-        """A default-collated batch arrives as arrays; hand it out as tensors."""
+        """A default batch arrives as arrays (or a table); hand it out in the
+        loader's format."""
         if self.transform is not None or self.collate_fn is not None:
+            return batch
+        if self.batch_format != "torch":
             return batch
         tensors = _as_tensors(batch)
         if self.pin_memory and torch.cuda.is_available():
@@ -474,16 +242,17 @@ class DatasetLoader:
             rank=self.rank,
             transform=self.transform,
             collate_fn=self.collate_fn,
+            batch_format=self.batch_format,
             tagged=tagged,
             plan=plan,
         )
 
-    def _data_loader(self) -> Iterator[Tagged]:
+    def _batches(self) -> Iterator[Tagged]:
         if self.num_workers and getattr(multiprocessing.current_process(), "_inheriting", False):
             # Python's own check would say only "bootstrapping phase".
             raise InvalidArgumentError(MAIN_GUARD)
         if not (self.num_workers and self.persistent_workers):
-            return iter(self._new_data_loader(self._reader(tagged=True)))
+            return _explained(iter(self._new_data_loader(self._reader(tagged=True))))
         if self._kept is None:
             # The workers outlive an iteration: each new one reads its plan (the
             # run's state) from this file, written before the DataLoader
@@ -496,7 +265,7 @@ class DatasetLoader:
             self._kept = (self._new_data_loader(reader, persistent=True), plan)
         loader, plan = self._kept
         _write_plan(plan, self._state)
-        return iter(loader)
+        return _explained(iter(loader))
 
     def _new_data_loader(self, reader: RankReader, *, persistent: bool = False) -> DataLoader[Any]:
         options: dict[str, Any] = {}
@@ -536,6 +305,7 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
         rank: int,
         transform: Callable[[dict[str, Any]], Any] | None,
         collate_fn: Callable[[list[Any]], Any] | None,
+        batch_format: str = "torch",
         tagged: bool = True,
         plan: Path | None = None,
     ) -> None:
@@ -548,6 +318,7 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
         self.rank = rank
         self.transform = transform
         self.collate_fn = collate_fn
+        self.batch_format = batch_format
 
     def state_dict(self) -> dict[str, int]:
         return {"batches": self.yielded}
@@ -567,37 +338,26 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
             self.state = _read_plan(self.plan)
         skip, self.skip = self.skip, 0
         self.yielded = skip  # counted as yielded: a later state_dict includes them
-        notes = getattr(self.source, "failover_notes", None)
-        told = len(notes(0)) if notes is not None else 0
-        size = self.state.batch_size
-        for request in self.state.requests(self.rank, worker, workers):
-            # Skip whole requests, then whole blocks by offset: nothing skipped is read.
-            count = request.samples_per_rank() // size
-            if skip >= count:
-                skip -= count
-                continue
-            request = request.resumed(skip * size)
-            skip = 0
-            for batch in blocks(self.source.open(request), size):
-                self.yielded += 1
-                collated = self._collate(batch)
-                if self.tagged:
-                    first = int(batch.column("position")[0].as_py())
-                    restarts = int(getattr(self.source, "restarts", 0))
-                    new = notes(told) if notes is not None else []
-                    told += len(new)
-                    yield first, worker if info is not None else -1, restarts, new, collated
-                else:
-                    yield collated
+        reader = worker if info is not None else -1
+        for first, _, restarts, notes, table in tagged(
+            self.source, self.state, self.rank, worker, workers, reader=reader, skip=skip
+        ):
+            self.yielded += 1
+            collated = self._collate(table)
+            yield (first, reader, restarts, notes, collated) if self.tagged else collated
 
     def _collate(self, batch: pa.Table) -> Any:
         if self.transform is None and self.collate_fn is None:
-            columns = {name: _column(batch.column(name)) for name in batch.schema.names}
+            if self.batch_format == "arrow":
+                return batch
+            columns = numpy_columns(batch)
             # Tagged batches reach the trainer, which makes the tensors
             # (`_as_tensors`): a NumPy array crosses the worker queue in-band,
             # a tensor through a shared-memory segment per tensor, which is
             # slower for batches this size.
-            return columns if self.tagged else _as_tensors(columns)
+            if self.tagged or self.batch_format == "numpy":
+                return columns
+            return _as_tensors(columns)
         samples = batch.to_pylist()
         if self.transform is not None:
             samples = [self.transform(sample) for sample in samples]
@@ -616,15 +376,6 @@ def _read_plan(path: Path) -> RunState:
     return RunState.from_json(path.read_bytes())
 
 
-def _column(array: pa.ChunkedArray) -> Any:
-    """A column as users expect it: numbers and booleans as an array (a tensor
-    once `_as_tensors` has run), else a list."""
-    kind = array.type
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-        return array.to_numpy().copy()  # writable, as torch.from_numpy wants
-    return array.to_pylist()
-
-
 def _as_tensors(columns: dict[str, Any]) -> dict[str, Any]:
     return {
         name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
@@ -634,6 +385,20 @@ def _as_tensors(columns: dict[str, Any]) -> dict[str, Any]:
 
 def _as_is(batch: Tagged) -> Tagged:
     return batch
+
+
+def _explained(batches: Iterator[Tagged]) -> Iterator[Tagged]:
+    """A DataLoader's batches, a worker that died of the main-guard trap named."""
+    try:
+        yield from batches
+    except RuntimeError as error:
+        if "exited unexpectedly" not in str(error):
+            raise
+        raise InternalError(
+            f"{error}: see the worker's error above. If it says a new process was "
+            f"started before bootstrapping finished, the training script needs "
+            f'`if __name__ == "__main__":` (forkserver and spawn workers import it)'
+        ) from error
 
 
 def _exit_with(trainer: int, worker_id: int) -> None:

@@ -342,3 +342,27 @@ def test_a_permutation_loader_reads_every_sample_once_per_epoch_and_resumes(
         rest += [s for batch in run for s in batch["sample_id"].tolist()]
     assert len(set(first + rest)) == len(first + rest)  # no sample twice in the epoch
     assert len(first + rest) >= RECORDS - 3 * 10  # at most a tail of one step per rank dropped
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batch_formats_hand_out_the_same_batches(source: LocalSource, workers: int) -> None:
+    """``batch_format`` changes the container, never the batch: tensors, NumPy
+    arrays (for JAX and other non-torch consumers) and Arrow tables agree."""
+    import numpy as np
+    import pyarrow as pa
+
+    as_torch = list(loader(source, num_workers=workers))
+    as_numpy = list(loader(source, num_workers=workers, batch_format="numpy"))
+    as_arrow = list(loader(source, num_workers=workers, batch_format="arrow"))
+    assert len(as_torch) == len(as_numpy) == len(as_arrow) == RECORDS // BATCH
+    for t, n, a in zip(as_torch, as_numpy, as_arrow, strict=True):
+        assert isinstance(n["position"], np.ndarray)
+        assert isinstance(a, pa.Table)
+        assert t["position"].tolist() == n["position"].tolist() == a["position"].to_pylist()
+        assert t["label"].tolist() == n["label"].tolist() == a["label"].to_pylist()
+        assert t["payload"] == n["payload"] == a["payload"].to_pylist()
+
+
+def test_batch_format_with_a_collate_fn_is_refused(source: LocalSource) -> None:
+    with pytest.raises(drt.InvalidArgumentError, match="applies to the default batches"):
+        loader(source, batch_format="numpy", collate_fn=list)

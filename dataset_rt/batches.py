@@ -1,0 +1,426 @@
+"""`BatchLoader`: one rank's share of each epoch in batches, with exact
+checkpoint and resume, without PyTorch.
+
+Batches come as NumPy arrays (for JAX and other consumers that are not torch)
+or Arrow tables, read in this process by the engine's own threads. It is the
+loader `dataset_rt.torch.DatasetLoader` builds on: the same state, the same
+resume at any world size, batch size and worker count, the same fencing of a
+run resumed elsewhere. That one adds DataLoader workers, tensors and
+``torch.distributed``. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from dataset_rt.config import ShuffleMode
+from dataset_rt.errors import InternalError, InvalidArgumentError
+from dataset_rt.loader import RunState, Segment, StreamSource, blocks
+from dataset_rt.service import StreamRequest
+from dataset_rt.signals import InputStats, show_input_logs
+from dataset_rt.signals import log as input_log
+
+__all__ = ["BatchFormat", "BatchLoader", "Tagged", "numpy_columns", "rank_blocks", "tagged"]
+
+#: How a default batch is handed out: ``"numpy"`` (a dict of NumPy arrays for
+#: numbers and booleans, lists for the rest), ``"arrow"`` (a ``pyarrow.Table``),
+#: or, from `dataset_rt.torch.DatasetLoader`, ``"torch"`` (tensors).
+BatchFormat = Literal["numpy", "arrow", "torch"]
+
+#: A batch as the loader receives it: (first position, reader id, the reader's
+#: stream restarts so far, its failovers since its last batch in words, batch);
+#: the reader id is a DataLoader worker's id, -1 in-process.
+Tagged = tuple[int, int, int, list[str], Any]
+
+
+def rank_blocks(
+    source: StreamSource,
+    state: RunState,
+    rank: int,
+    worker: int = 0,
+    workers: int = 1,
+    *,
+    skip: int = 0,
+) -> Iterator[pa.Table]:
+    """Rank ``rank``'s next batches under ``state`` (those of ``worker`` of
+    ``workers``), as tables of ``state.batch_size`` rows, the first ``skip``
+    batches skipped by offset, without reading them."""
+    size = state.batch_size
+    for request in state.requests(rank, worker, workers):
+        count = request.samples_per_rank() // size
+        if skip >= count:
+            skip -= count
+            continue
+        request = request.resumed(skip * size)
+        skip = 0
+        yield from blocks(source.open(request), size)
+
+
+def tagged(
+    source: StreamSource,
+    state: RunState,
+    rank: int,
+    worker: int = 0,
+    workers: int = 1,
+    *,
+    reader: int = -1,
+    skip: int = 0,
+) -> Iterator[Tagged]:
+    """`rank_blocks`, each with what the loader needs besides the batch: its
+    first position, and the reader's restarts and failovers (``source.restarts``
+    and ``source.failover_notes``, which a Flight source keeps)."""
+    notes: Callable[[int], list[str]] | None = getattr(source, "failover_notes", None)
+    told = len(notes(0)) if notes is not None else 0
+    for table in rank_blocks(source, state, rank, worker, workers, skip=skip):
+        first = int(table.column("position")[0].as_py())
+        restarts = int(getattr(source, "restarts", 0))
+        new = notes(told) if notes is not None else []
+        told += len(new)
+        yield first, reader, restarts, new, table
+
+
+def numpy_columns(table: pa.Table) -> dict[str, Any]:
+    """A batch as users of array libraries expect it: numbers and booleans as
+    NumPy arrays (writable, as ``torch.from_numpy`` and ``jax.device_put``
+    take them without a copy of their own), other columns (the payload) as lists."""
+    columns: dict[str, Any] = {}
+    for name, array in zip(table.schema.names, table.columns, strict=True):
+        kind = array.type
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+            columns[name] = array.to_numpy().copy()
+        else:
+            columns[name] = array.to_pylist()
+    return columns
+
+
+class BatchLoader:
+    """Batches of one rank's share of each epoch, with exact checkpoint and resume.
+
+    ``source`` is a `dataset_rt.loader.LocalSource` (in-process) or a
+    ``flight_client.FlightSource`` (a server). ``rank`` and ``world_size`` say
+    which share this process reads (``jax.process_index()`` and
+    ``jax.process_count()`` under JAX). The population and epoch length default
+    to the dataset's active ones when the loader is created; they are then
+    fixed in the loader's state.
+
+    A batch is a dict (``batch_format="numpy"``): ``payload`` (a list of
+    bytes), ``position``, ``cache_id``, ``sample_id`` (uint64 arrays: cache ids
+    use all 64 bits) and each requested column (an array for numbers and
+    booleans, else a list); or, with ``batch_format="arrow"``, a
+    ``pyarrow.Table`` of those columns.
+
+    The loop is the usual one: ``set_epoch(e)`` before each epoch, iterate,
+    ``state_dict()`` to checkpoint (from one process: every rank's state
+    describes the run), ``load_state_dict()`` to resume at any world size or
+    batch size.
+    """
+
+    #: Reader processes per rank (`dataset_rt.torch.DatasetLoader` has them).
+    num_workers = 0
+    #: The formats this loader hands batches out in.
+    formats: tuple[str, ...] = ("numpy", "arrow")
+
+    def __init__(
+        self,
+        source: StreamSource,
+        dataset: str,
+        *,
+        batch_size: int,
+        seed: int,
+        epoch: int = 0,
+        epoch_len: int | None = None,
+        population: str | None = None,
+        columns: tuple[str, ...] | list[str] = (),
+        shuffle: ShuffleMode = True,
+        rank: int = 0,
+        world_size: int = 1,
+        batch_format: str = "numpy",
+        log_input_every: int | None = None,
+    ) -> None:
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("epoch", epoch, 0),
+            ("seed", seed, 0),
+            ("world_size", world_size, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidArgumentError(f"{name!r} must be an integer >= {low}, got {value!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise InvalidArgumentError(
+                f"'rank' must be in [0, world_size={world_size}), got {rank!r}"
+            )
+        if batch_format not in self.formats:
+            raise InvalidArgumentError(
+                f"'batch_format' must be one of {', '.join(map(repr, self.formats))}, "
+                f"got {batch_format!r}"
+            )
+        if log_input_every is not None and (
+            isinstance(log_input_every, bool)
+            or not isinstance(log_input_every, int)
+            or log_input_every < 1
+        ):
+            raise InvalidArgumentError(
+                f"'log_input_every' must be None or an integer >= 1 (batches), "
+                f"got {log_input_every!r}"
+            )
+        self.source = source
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.batch_format = batch_format
+        self.log_input_every = log_input_every
+        if log_input_every:
+            show_input_logs()
+        self.input = InputStats(self.rank)
+        #: When the trainer last asked whether the run was resumed elsewhere.
+        self._fence_checked = -float("inf")
+        #: The current epoch was read to its end and `set_epoch` was not called since.
+        self._epoch_done = False
+        pinned = source.resolve(
+            StreamRequest(
+                dataset=dataset,
+                seed=seed,
+                epoch=epoch,
+                epoch_len=epoch_len,
+                population=population,
+                columns=list(columns),
+                shuffle=shuffle,
+            )
+        )
+        if pinned.population is None or pinned.epoch_len is None:
+            raise InternalError(f"the source did not pin the request: {pinned!r}")
+        self._state = RunState(
+            dataset=dataset,
+            seed=seed,
+            shuffle=shuffle,
+            columns=list(columns),
+            epoch_len=pinned.epoch_len,
+            population=pinned.population,
+            batch_size=batch_size,
+            world_size=self.world_size,
+            workers=self.num_workers,
+            epoch=epoch,
+        )
+        self._state.check_share()
+
+    # -- the state -------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    @property
+    def position(self) -> int:
+        """Epoch-relative: every position before it has been consumed."""
+        return self._state.position
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The population segments, ascending from position 0."""
+        return [Segment(start, population) for start, population in self._state.segments]
+
+    @property
+    def run_state(self) -> RunState:
+        """A copy of the run's state (`dataset_rt.loader.RunState`)."""
+        return self._state.copy()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run is, as plain JSON-serialisable data.
+
+        It assumes every rank has taken as many batches as this one (as in
+        lockstep data-parallel training), so any one rank's state describes the
+        run; save it from rank 0. A loader whose run was resumed elsewhere (a
+        newer generation exists) raises `FencedError` instead: its state must
+        not replace the newer run's checkpoint.
+        """
+        state = self._state
+        self.source.check_run(state.dataset, state.run, state.generation)
+        return state.to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state (at any world size, worker count or batch size):
+        a new generation of the run, recorded in the state with this loader's
+        world size, batch size and workers.
+
+        The loader's own dataset must be the state's; its seed, epoch length,
+        columns, shuffle and population segments become the state's.
+        """
+        loaded = RunState.from_dict(state)
+        if loaded.dataset != self._state.dataset:
+            raise InvalidArgumentError(
+                f"the state is of dataset {loaded.dataset!r}; this loader reads "
+                f"{self._state.dataset!r}"
+            )
+        generation = self._agree_generation(loaded)
+        loaded.resume(self.world_size, self.batch_size, self.num_workers, generation)
+        replaced = [
+            f"{key} {getattr(self._state, key)!r} -> {getattr(loaded, key)!r}"
+            for key in ("seed", "shuffle", "columns", "epoch_len")
+            if getattr(loaded, key) != getattr(self._state, key)
+        ]
+        if replaced:
+            warnings.warn(
+                f"load_state_dict: the state's settings replace this loader's "
+                f"({', '.join(replaced)}): a resumed run keeps the ones it started with. "
+                f"Build the loader with the state's values to silence this.",
+                UserWarning,
+                stacklevel=2,
+            )
+        self._state = loaded
+        self._epoch_done = False
+
+    def _claim(self, loaded: RunState, *, fresh: bool) -> int:
+        """Claim a generation of ``loaded``'s run after the one it was saved in."""
+        return self.source.claim_run(
+            loaded.dataset,
+            loaded.run,
+            after=loaded.generation,
+            epoch=loaded.epoch,
+            position=loaded.position,
+            fresh=fresh,
+        )
+
+    def _agree_generation(self, loaded: RunState) -> int:
+        """This resume's generation of the run. Without a process group each
+        loader claims from the checkpoint it loaded, and every loader of one
+        checkpoint gets the same generation (`DatasetLoader` lets rank 0 claim a
+        new one under ``torch.distributed``)."""
+        return self._claim(loaded, fresh=False)
+
+    def _check_fence(self) -> None:
+        """`FencedError` once the run was resumed elsewhere: asked before a batch
+        is handed out, at most every ``source.fence_interval`` seconds (0 for
+        a state directory, a file read; 1 for a server, a round trip). The
+        streams are fenced too, but batches already received would go on."""
+        now = time.monotonic()
+        if now - self._fence_checked >= getattr(self.source, "fence_interval", 0.0):
+            state = self._state
+            self.source.check_run(state.dataset, state.run, state.generation)
+            self._fence_checked = now
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next, from its start. Calling it with the epoch the
+        state is already in keeps the position, so the usual resume loop
+        (``load_state_dict``, then ``set_epoch(e)`` for ``e`` from the saved epoch)
+        continues where the run stopped."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise InvalidArgumentError(f"'epoch' must be an integer >= 0, got {epoch!r}")
+        self._epoch_done = False
+        self._state.set_epoch(epoch)
+
+    # -- reweighting ---------------------------------------------------------------
+
+    def switch_population(self, population: str, *, at: int | None = None) -> int:
+        """Draw from ``population`` (an id from ``put``/``do_put``) from a global
+        batch boundary on; returns that absolute stream position.
+
+        Without ``at``, the boundary is the next one that no rank has passed:
+        the furthest position any rank has consumed (agreed through
+        ``torch.distributed`` by `DatasetLoader` when it is initialised; then
+        every rank must call this, as with any collective; without a process
+        group, what this loader has consumed). ``at`` names it explicitly (a
+        controller's choice): it must not be behind this rank and must lie on
+        this run's batch grid. Positions before it keep their population; a
+        state saved later records the switch.
+        """
+        # A malformed, unknown or unusable population fails here, on every rank
+        # alike, not later in a reader.
+        if not isinstance(population, str):
+            raise InvalidArgumentError(
+                f"a population id is 32 lowercase hex digits (as do_put answers), "
+                f"got {population!r}"
+            )
+        self.source.resolve(self._state.command(population))
+        consumed = self._state.epoch_start + self._state.position
+        if at is None:
+            at = self._furthest(consumed)
+        if isinstance(at, bool) or not isinstance(at, int) or at < consumed:
+            raise InvalidArgumentError(
+                f"'at' must be an absolute position >= {consumed} (what this rank has "
+                f"consumed), got {at!r}"
+            )
+        self._state.switch(at, population)
+        return at
+
+    def _furthest(self, consumed: int) -> int:
+        """The furthest position any rank has consumed, this one's without a
+        process group."""
+        return consumed
+
+    # -- iteration -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches this rank still takes in the current epoch."""
+        return self._state.batches_left()
+
+    def __iter__(self) -> Iterator[Any]:
+        """The rest of the current epoch for this rank; the state moves with
+        every batch taken. When the epoch is done, ``position`` is the epoch
+        length (the tail the partition rule drops is dropped).
+
+        Iterating again after the epoch ended, without `set_epoch`, is an error
+        that says so (it would read nothing)."""
+        if self._epoch_done:
+            epoch = self._state.epoch
+            raise InvalidArgumentError(
+                f"epoch {epoch} of this loader is done: every rank has read its share. "
+                f"Call loader.set_epoch({epoch + 1}) before iterating again, as with "
+                f"DistributedSampler.set_epoch (set_epoch({epoch}) reads nothing more of "
+                f"epoch {epoch})"
+            )
+        while True:
+            if not self._state.parts():
+                return
+            plan = self._state.segments
+            batches = self._batches()
+            for first_position, batch in self._watched(batches):
+                self._check_fence()
+                self._state.advance(first_position)
+                yield self._ready(batch)
+                if self._state.segments != plan:
+                    # A switch was recorded: stop these readers (their prefetched
+                    # batches may be past it) and read on with the new segments.
+                    break
+            else:
+                self._state.finish_epoch()
+                self._epoch_done = True
+                return
+            del batches
+
+    def _batches(self) -> Iterator[Tagged]:
+        """The rest of the current parts, read in this process."""
+        return tagged(self.source, self._state.copy(), self.rank)
+
+    def _ready(self, batch: Any) -> Any:
+        """A batch read in-process (an Arrow table) in the loader's format."""
+        return batch if self.batch_format == "arrow" else numpy_columns(batch)
+
+    def _watched(self, batches: Iterator[Tagged]) -> Iterator[tuple[int, Any]]:
+        """``batches`` as (first position, batch), timing how long each took to
+        arrive (the trainer's wait, not its compute: the time is taken while the
+        trainer is inside ``next()``) and noting each reader's restarts."""
+        self.input.new_readers()
+        while True:
+            asked = time.perf_counter()
+            try:
+                first_position, reader, restarts, notes, batch = next(batches)
+            except StopIteration:
+                return
+            self.input.waited(time.perf_counter() - asked)
+            self.input.reader_restarts(reader, restarts)
+            for note in notes:
+                input_log.warning("rank %d, reader %d: %s", self.rank, reader, note)
+            if self.log_input_every and self.input.batches % self.log_input_every == 0:
+                self.input.log()
+            yield first_position, batch
+
+    def input_stats(self) -> dict[str, Any]:
+        """How long this rank waited for its batches (p50/p99 over the last 10,000,
+        in ms, and the total) and how many times its streams restarted on another
+        replica (see `dataset_rt.signals`)."""
+        return self.input.snapshot()
