@@ -285,6 +285,13 @@ class BatchLoader:
             fresh=fresh,
         )
 
+    def _rewind(self, state: RunState) -> None:
+        """Go back to ``state``, one this loader was in (this run, this
+        generation): the batches after it are read again. For adapters that hand
+        a batch out in pieces and were stopped inside one (`HFIterableDataset`)."""
+        self._state = state.copy()
+        self._epoch_done = False
+
     def _agree_generation(self, loaded: RunState) -> int:
         """This resume's generation of the run. Without a process group each
         loader claims from the checkpoint it loaded, and every loader of one

@@ -47,6 +47,15 @@ class InputStats:
         # it has reported so far (readers report running totals).
         self._seen: dict[int, int] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (a copy of a loader goes to a worker): without the lock."""
+        with self._lock:
+            return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def batches(self) -> int:
         return self._batches
