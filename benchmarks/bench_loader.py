@@ -5,14 +5,19 @@ the time from ``load_state_dict`` to the first batch of a resumed run.
     uv run --group torch python benchmarks/bench_loader.py --quick   # a smoke run
 
 One ``flight_server`` process serves caches of 1 KiB and 64 KiB records. Side by
-side, in alternating order, best of ``--repeat`` runs:
+side, the readers alternating epoch by epoch (a warm-up round first), median of
+``--repeat`` rounds:
 
 - **raw**: ``DatasetClient.epoch(..., batches=True)``, Arrow record batches as the
   server sends them (the ceiling a loader can reach);
 - **loader**: ``FlightLoader`` batches of ``--batch-size`` samples (collated dicts:
-  payloads as a list of bytes, ids as tensors) with 0 and 2 DataLoader workers;
-  the 2-worker figure includes starting the workers (tens of ms from a warm
-  forkserver).
+  payloads as a list of bytes, ids as tensors) with 0 and 2 DataLoader workers,
+  one loader each, its workers kept across epochs (``persistent_workers``, the
+  default), so an epoch is what a training run's second and later epochs cost.
+
+Then the time from ``iter()`` to the first batch: with warm workers (a new epoch
+of a loader whose workers are running) and cold (a new loader: starting its
+workers from the forkserver).
 
 Then, for an epoch of 2 * 10**9 positions, the time from ``load_state_dict`` of a
 state at position P (P = 0, 10**6, 10**9) to the first batch, on a server and in
@@ -22,6 +27,7 @@ process (``LocalSource``): it must not grow with P.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -46,25 +52,31 @@ from flight_client.torch import FlightLoader
 HUGE_EPOCH = 2 * 10**9
 
 
-def best(repeat: int, run: Callable[[], int]) -> tuple[float, int]:
-    """The fastest of ``repeat`` runs: (seconds, samples)."""
-    timings = []
-    samples = 0
-    for _ in range(repeat):
-        started = time.perf_counter()
-        samples = run()
-        timings.append(time.perf_counter() - started)
-    return min(timings), samples
+def median(values: list[float]) -> float:
+    return statistics.median(values)
 
 
-def raw_epoch(location: str, dataset: str) -> int:
+def raw_epoch(location: str, dataset: str, epoch: int) -> int:
     with DatasetClient(location) as client:
-        return sum(b.num_rows for b in client.epoch(dataset, SEED, 0, batches=True))
+        return sum(b.num_rows for b in client.epoch(dataset, SEED, epoch, batches=True))
 
 
-def loader_epoch(location: str, dataset: str, batch_size: int, workers: int) -> int:
-    loader = FlightLoader(location, dataset, batch_size=batch_size, seed=SEED, num_workers=workers)
+def loader_epoch(loader: DatasetLoader, epoch: int) -> int:
+    loader.set_epoch(epoch)
     return sum(len(b["payload"]) for b in loader)
+
+
+def first_batch(loader: DatasetLoader, epoch: int) -> float:
+    """Seconds from ``iter()`` to the first batch of ``epoch`` (the rest of the
+    epoch is read, untimed, so that the next epoch starts clean)."""
+    loader.set_epoch(epoch)
+    started = time.perf_counter()
+    batches = iter(loader)
+    next(batches)
+    elapsed = time.perf_counter() - started
+    for _ in batches:
+        pass
+    return elapsed
 
 
 def first_batch_after_resume(make: Callable[[], DatasetLoader], position: int) -> float:
@@ -108,41 +120,83 @@ def main() -> None:
         try:
             location = server.wait_location()
             rows: list[list[str]] = []
+            latency_rows: list[list[str]] = []
             for name, _, _ in sizes:
                 dataset = f"d{name}"
-                runs: dict[str, Callable[[], int]] = {
-                    "raw": lambda d=dataset: raw_epoch(location, d),
-                    "loader, 0 workers": lambda d=dataset: loader_epoch(
-                        location, d, args.batch_size, 0
-                    ),
-                    "loader, 2 workers": lambda d=dataset: loader_epoch(
-                        location, d, args.batch_size, 2
-                    ),
+                loaders = {
+                    workers: FlightLoader(
+                        location,
+                        dataset,
+                        batch_size=args.batch_size,
+                        seed=SEED,
+                        num_workers=workers,
+                    )
+                    for workers in (0, 2)
                 }
-                results: dict[str, tuple[float, int]] = {}
-                for label, run in runs.items():
-                    results[label] = best(repeat, run)
-                raw_rate = results["raw"][1] / results["raw"][0]
-                for label, (seconds, samples) in results.items():
-                    rate = samples / seconds
+                runs: dict[str, Callable[[int], int]] = {
+                    "raw": lambda e, d=dataset: raw_epoch(location, d, e),
+                    "loader, 0 workers": lambda e, lo=loaders[0]: loader_epoch(lo, e),
+                    "loader, 2 workers": lambda e, lo=loaders[2]: loader_epoch(lo, e),
+                }
+                timings: dict[str, list[float]] = {label: [] for label in runs}
+                samples: dict[str, int] = {}
+                for round_ in range(repeat + 1):  # round 0 warms up (and starts workers)
+                    for label, run in runs.items():
+                        started = time.perf_counter()
+                        samples[label] = run(round_)
+                        if round_:
+                            timings[label].append(time.perf_counter() - started)
+                rates = {label: samples[label] / median(t) for label, t in timings.items()}
+                for label, rate in rates.items():
                     rows.append(
                         [
                             name,
                             label,
                             f"{human_count(rate)}/s",
-                            f"{rate / raw_rate:.2f}x",
-                            f"{1e6 * (1 / rate - 1 / raw_rate) * args.batch_size:.0f} us",
+                            f"{rate / rates['raw']:.2f}x",
+                            f"{1e6 * (1 / rate - 1 / rates['raw']) * args.batch_size:.0f} us",
                         ]
                     )
                     print(f"{name} {label}: {human_count(rate)} samples/s", flush=True)
+                epoch = repeat + 1
+                for workers, loader in loaders.items():
+                    warm = []
+                    for _ in range(repeat):
+                        warm.append(first_batch(loader, epoch))
+                        epoch += 1
+                    cold = []
+                    for _ in range(repeat):
+                        fresh = FlightLoader(
+                            location,
+                            dataset,
+                            batch_size=args.batch_size,
+                            seed=SEED,
+                            num_workers=workers,
+                        )
+                        cold.append(first_batch(fresh, 0))
+                        del fresh
+                    latency_rows.append(
+                        [
+                            name,
+                            f"{workers} workers",
+                            f"{median(warm) * 1e3:.1f} ms",
+                            f"{median(cold) * 1e3:.1f} ms",
+                        ]
+                    )
             print()
-            print(f"Per-step overhead, batch_size {args.batch_size} (best of {repeat})")
+            print(
+                f"Per-step overhead, batch_size {args.batch_size} "
+                f"(median of {repeat} alternated rounds after a warm-up)"
+            )
             print(
                 render(
                     ["payload", "reader", "samples/s", "vs raw", "extra per batch"],
                     rows,
                 )
             )
+            print()
+            print("iter() -> first batch of an epoch (median)")
+            print(render(["payload", "loader", "warm workers", "new loader"], latency_rows))
 
             resume_rows: list[list[str]] = []
             local = LocalSource([caches["1KiB"]], root / "local-state", name="d1KiB")
@@ -157,7 +211,9 @@ def main() -> None:
             for face, make in makers.items():
                 cells = [face]
                 for position in (0, 10**6, 10**9):
-                    seconds = min(first_batch_after_resume(make, position) for _ in range(repeat))
+                    seconds = median(
+                        [first_batch_after_resume(make, position) for _ in range(repeat)]
+                    )
                     cells.append(f"{seconds * 1e3:.1f} ms")
                 resume_rows.append(cells)
             print()
