@@ -5,6 +5,12 @@ position of every epoch exactly once."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +149,76 @@ def test_rank_and_epoch_come_from_the_trainer(source: LocalSource) -> None:
         module(source, rank=1)
     with pytest.raises(drt.InvalidArgumentError, match="no loader yet"):
         _ = module(source).loader
+
+
+RANK_PROGRAM = Path(__file__).with_name("lightning_rank.py")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def fit_ddp(tmp: Path, cache: Path, name: str, world_size: int, **spec: Any) -> None:
+    """A Lightning DDP fit of ``world_size`` rank processes (gloo, CPU)."""
+    body = {
+        "caches": [str(cache)],
+        "state_dir": str(tmp / "state"),
+        "dataset": DATASET,
+        "seed": SEED,
+        "batch_size": BATCH,
+        "workers": 1,
+        "world_size": world_size,
+        "epochs": 2,
+        "log": str(tmp / name),
+        "checkpoints": str(tmp / "checkpoints"),
+        "every": 5,
+    }
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(body | spec))
+    port = free_port()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(RANK_PROGRAM), str(path)],
+            env=dict(os.environ)
+            | {"LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+        for rank in range(world_size)
+    ]
+    try:
+        for process in processes:
+            assert process.wait(timeout=240) == 0, f"a rank exited with {process.returncode}"
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def steps(tmp: Path, name: str, rank: int) -> list[tuple[int, list[int]]]:
+    lines = (tmp / f"{name}.rank{rank}").read_text().splitlines()
+    return [(r["epoch"], r["positions"]) for r in map(json.loads, lines)]
+
+
+def test_a_ddp_fit_resumes_from_a_mid_epoch_checkpoint_exactly_once(
+    cache: Path, tmp_path: Path
+) -> None:
+    """Two ranks under Lightning's DDP strategy stop after 12 steps (a crash),
+    and a new fit resumes from the step-10 checkpoint: with the 10 steps before
+    it, every position of both epochs once, each rank its own share."""
+    fit_ddp(tmp_path, cache, "crashed", 2, max_steps=12)
+    checkpoint = tmp_path / "checkpoints" / "step=10.ckpt"
+    assert checkpoint.exists(), sorted((tmp_path / "checkpoints").iterdir())
+    fit_ddp(tmp_path, cache, "resumed", 2, resume=str(checkpoint))
+    per_step = RECORDS // (2 * BATCH)
+    for rank in range(2):
+        delivered = steps(tmp_path, "crashed", rank)[:10] + steps(tmp_path, "resumed", rank)
+        assert len(delivered) == 2 * per_step
+        for q, (epoch, positions) in enumerate(delivered):
+            # Rank r's q-th batch of an epoch is block r + 2q (the partition rule).
+            block = epoch * RECORDS // BATCH + rank + 2 * (q % per_step)
+            assert epoch == q // per_step
+            assert positions == list(range(block * BATCH, (block + 1) * BATCH))
