@@ -366,3 +366,37 @@ def test_batch_formats_hand_out_the_same_batches(source: LocalSource, workers: i
 def test_batch_format_with_a_collate_fn_is_refused(source: LocalSource) -> None:
     with pytest.raises(drt.InvalidArgumentError, match="applies to the default batches"):
         loader(source, batch_format="numpy", collate_fn=list)
+
+
+def test_large_batches_cross_from_workers_in_shared_memory_unchanged(
+    big_cache: Any, tmp_path: Any
+) -> None:
+    """Batches of at least PACK_BYTES of payload leave a worker as one
+    shared-memory tensor (not bytes through the queue's pipe) and reach the
+    trainer as the same list of bytes, in the same column order."""
+    from dataset_rt.torch import PACK_BYTES
+
+    big = LocalSource([big_cache], tmp_path / "state", name="big")
+    batch_size = 128  # of 64 KiB records: 8 MiB a batch
+    assert batch_size * 64 * 1024 >= PACK_BYTES
+    for batch_format in ("torch", "numpy"):
+        read = {
+            workers: list(
+                DatasetLoader(
+                    big,
+                    "big",
+                    batch_size=batch_size,
+                    seed=SEED,
+                    epoch_len=1024,
+                    num_workers=workers,
+                    batch_format=batch_format,
+                )
+            )
+            for workers in (0, 2)
+        }
+        assert len(read[0]) == len(read[2]) == 1024 // batch_size
+        for alone, from_workers in zip(read[0], read[2], strict=True):
+            assert list(from_workers) == list(alone)
+            assert from_workers["payload"] == alone["payload"]
+            assert all(isinstance(p, bytes) for p in from_workers["payload"])
+            assert from_workers["sample_id"].tolist() == alone["sample_id"].tolist()
