@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import importlib.util
 import itertools
 import multiprocessing
 import os
@@ -490,10 +491,16 @@ def _worker_context(method: str) -> Any:
     and population switch); it loads no gRPC client, so its children are safe.
     Its queues have wide pipes (`_wide_queues`)."""
     if method == "forkserver":
-        multiprocessing.get_context(method).set_forkserver_preload([__name__])
+        multiprocessing.get_context(method).set_forkserver_preload(_PRELOAD)
     base: Any = type(multiprocessing.get_context(method))
     return _wide_queues(base)()
 
+
+#: What the forkserver imports before it forks workers: this module (torch,
+#: pyarrow, the engine) and, where it is installed, pandas, which pyarrow
+#: imports at a process's first conversion of an array (1.2-1.5 s here, paid by
+#: every new worker at its first batch otherwise).
+_PRELOAD = [__name__] + (["pandas"] if importlib.util.find_spec("pandas") else [])
 
 #: The pipe of a worker queue: the kernel's default is 64 KiB, so a batch of a
 #: few hundred KiB crossed it in several wake-ups of the worker and the trainer
