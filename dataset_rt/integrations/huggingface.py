@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dataset_rt.batches import BatchLoader
+from dataset_rt.batches import BatchLoader, numpy_columns
 from dataset_rt.config import ShuffleMode
 from dataset_rt.errors import InvalidArgumentError
 from dataset_rt.loader import RunState, StreamSource
@@ -252,18 +252,13 @@ class HFIterableDataset(_Base):  # type: ignore[misc, valid-type, type-arg, unus
     def _columns(self, table: pa.Table) -> dict[str, Any]:
         """NumPy arrays (or tensors) for numbers and booleans, else lists
         (payloads are bytes)."""
-        columns: dict[str, Any] = {}
-        for name, array in zip(table.schema.names, table.columns, strict=True):
-            kind = array.type
-            if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-                values = array.to_numpy()
-                if self._format == "torch":
-                    columns[name] = torch.from_numpy(np.array(values))
-                else:
-                    columns[name] = values
-            else:
-                columns[name] = array.to_pylist()
-        return columns
+        columns = numpy_columns(table)
+        if self._format != "torch":
+            return columns
+        return {
+            name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+            for name, value in columns.items()
+        }
 
 
 def _process_group() -> tuple[int, int]:
