@@ -11,6 +11,8 @@ failure from the library, the CLI and the Flight server.
 - `CacheIOError` (also `OSError`): the operating system refused a read or write.
 - `StorageFullError` (a `CacheIOError`): the volume a write needed is full; nothing was
   written. Over Flight it is UNAVAILABLE, which clients retry on another replica.
+- `StoreUnavailableError` (a `CacheIOError`): object storage could not be reached or
+  refused a request; nothing changed. Over Flight it is UNAVAILABLE.
 - `SchemaMismatchError` (also `ValueError`): records or caches disagree about the schema.
 - `InvalidPopulationError` (also `ValueError`): a metadata table was rejected;
   ``column``, ``row`` and ``count`` say where.
@@ -35,6 +37,7 @@ from dataset_rt._native import (
     SchemaMismatchError,
     SourceError,
     StorageFullError,
+    StoreUnavailableError,
 )
 
 __all__ = [
@@ -49,4 +52,5 @@ __all__ = [
     "SchemaMismatchError",
     "SourceError",
     "StorageFullError",
+    "StoreUnavailableError",
 ]

@@ -117,6 +117,9 @@ def to_flight_error(
         case drt.StorageFullError():
             # Not damage and not the client's fault: another replica may have room.
             status, message = flight.FlightUnavailableError, STORAGE_FULL
+        case drt.StoreUnavailableError():
+            # The object store is down or unreachable: retry later or elsewhere.
+            status = flight.FlightUnavailableError
         case drt.CorruptCacheError() | drt.CacheIOError():
             where = f" (dataset {dataset!r})" if dataset else ""
             status = flight.FlightInternalError

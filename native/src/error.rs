@@ -64,6 +64,12 @@ pub enum Error {
     #[error("internal error: {0}")]
     Internal(String),
 
+    /// Object storage could not be reached or refused a request (network,
+    /// credentials, a store that is down). Nothing changed; over Flight it is
+    /// UNAVAILABLE, which a client may retry (on another replica, or later).
+    #[error("{0}")]
+    Unavailable(String),
+
     /// A loader of an older generation of a run: the run was resumed elsewhere
     /// (`run::fence`). It must stop; over Flight it is CANCELLED, never retried.
     #[error("{0}")]
@@ -188,6 +194,7 @@ impl Error {
             Error::Source(m) => Error::Source(m.clone()),
             Error::Internal(m) => Error::Internal(m.clone()),
             Error::Fenced(m) => Error::Fenced(m.clone()),
+            Error::Unavailable(m) => Error::Unavailable(m.clone()),
             Error::Arrow(e) => Error::Internal(format!("arrow: {e}")),
         }
     }

@@ -9,6 +9,7 @@ pub mod error;
 pub mod hash;
 pub mod population;
 mod prefetch;
+pub mod remote;
 pub mod request;
 pub mod run;
 pub mod sampling;

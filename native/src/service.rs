@@ -18,6 +18,7 @@ use crate::population::{
     check_population_id, write_population, ActivationLock, ActivePopulation, Population,
     PopulationStore,
 };
+use crate::remote::Bucket;
 use crate::request::StreamRequest;
 use crate::run::fence::{Claim, Fence};
 use crate::run::RunId;
@@ -25,6 +26,15 @@ use crate::sampling::StreamOrder;
 use crate::storage::publish::validate_name;
 use crate::storage::{CacheSet, LiveCaches};
 use crate::stream::{BatchContext, EpochStream, StreamCounters, StreamOptions, WorkerPool};
+
+/// Where a dataset's population store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateLocation {
+    /// A directory (shared by replicas on one file system).
+    Dir(PathBuf),
+    /// Object storage at `url` (`s3://bucket/prefix`), mirrored into `mirror`.
+    Bucket { url: String, mirror: PathBuf },
+}
 
 /// Populations kept in memory (each also lives in the store).
 const LOADED_POPULATIONS: usize = 8;
@@ -56,26 +66,49 @@ impl DatasetService {
     /// caches' full table and makes it active. `name` must be a plain
     /// directory name (`validate_name`): it becomes `state_dir/name`.
     pub fn open(name: &str, paths: &[PathBuf], state_dir: &Path, verify: bool) -> Result<Self> {
+        Self::open_at(
+            name,
+            paths,
+            &StateLocation::Dir(state_dir.to_path_buf()),
+            verify,
+        )
+    }
+
+    /// `open` with the population store at `state`: a directory, or object
+    /// storage mirrored into a local directory.
+    pub fn open_at(
+        name: &str,
+        paths: &[PathBuf],
+        state: &StateLocation,
+        verify: bool,
+    ) -> Result<Self> {
         validate_name("dataset", name)?;
         let caches = LiveCaches::open(paths, verify)?;
-        let service = Self::assemble(name, caches, state_dir, PopulationStore::open)?;
+        let service = match state {
+            StateLocation::Dir(dir) => Self::assemble(name, caches, dir, PopulationStore::open)?,
+            StateLocation::Bucket { url, mirror } => {
+                let bucket = Bucket::open(url)?;
+                Self::assemble(name, caches, mirror, |dir| {
+                    let relative = dir.strip_prefix(mirror).unwrap_or(dir);
+                    let prefix = relative.to_string_lossy().replace('\\', "/");
+                    PopulationStore::open_remote(dir, bucket.child(&prefix))
+                })?
+            }
+        };
         if service.store.active()?.is_none() {
             let caches = service.caches();
             let written = Population::write_full(&caches, &service.store.scratch_dir())?;
             let rows = written.rows;
             let lock = service.store.lock_activation()?;
             let id = service.store.keep(written)?;
-            // Another process sharing the store may have activated a
-            // population since we looked: only a store without one gets this.
-            if service.store.active()?.is_none() {
-                service.store.set_active(
-                    &lock,
-                    &ActivePopulation {
-                        population: id,
-                        epoch_len: rows,
-                    },
-                )?;
-            }
+            // Another process or replica sharing the store may have activated
+            // a population since we looked: only a store without one gets this.
+            service.store.update_active(&lock, |current| {
+                Ok(current.is_none().then(|| ActivePopulation {
+                    population: id.clone(),
+                    epoch_len: rows,
+                }))
+            })?;
         }
         Ok(service)
     }
@@ -190,9 +223,11 @@ impl DatasetService {
     /// The active population and epoch length (read from the shared store, so
     /// a change made through another replica is seen here).
     pub fn active(&self) -> Result<ActivePopulation> {
-        self.store.active()?.ok_or_else(|| {
-            Error::NotFound(format!("dataset '{}' has no active population", self.name))
-        })
+        self.store.active()?.ok_or_else(|| self.no_active())
+    }
+
+    fn no_active(&self) -> Error {
+        Error::NotFound(format!("dataset '{}' has no active population", self.name))
     }
 
     pub fn populations(&self) -> Result<Vec<String>> {
@@ -295,10 +330,12 @@ impl DatasetService {
         // Read and written under the lock, so that an activation in between
         // is not undone by writing back the population read before it.
         let lock = self.store.lock_activation()?;
-        let mut active = self.active()?;
-        active.epoch_len = epoch_len.get();
-        self.store.set_active(&lock, &active)?;
-        Ok(active)
+        let updated = self.store.update_active(&lock, |current| {
+            let mut active = current.cloned().ok_or_else(|| self.no_active())?;
+            active.epoch_len = epoch_len.get();
+            Ok(Some(active))
+        })?;
+        updated.ok_or_else(|| self.no_active())
     }
 
     /// Delete a stored population that is not active: tickets that pin it get

@@ -5,6 +5,7 @@
 //! because the caller only swaps in a population that was built successfully.
 
 mod column_types;
+mod remote;
 mod rows;
 mod scratch;
 mod store;

@@ -22,6 +22,11 @@
 //! applied one at a time, each durable before the next begins, so the order on
 //! disk is the order in which they were acknowledged.
 //!
+//! On object storage (`open_remote`) the directory is this replica's mirror:
+//! populations are uploaded when kept and downloaded when first opened, and
+//! the active pointer and the runs live in the bucket, changed by create-only
+//! writes instead of under the lock (`remote.rs`).
+//!
 //! Temporary files (`.tmp-*`) are locked by their writer (`storage::temp`);
 //! those left by writers that died are removed when the store is opened (by a
 //! restarted replica, another replica or a DataLoader worker). Writes do not
@@ -50,9 +55,11 @@ use crate::storage::temp::{remove_abandoned, LockedTemp};
 const POPULATIONS: &str = "populations";
 const ACTIVE: &str = "active.json";
 const ACTIVATION_LOCK: &str = "active.lock";
+use super::remote::RemoteLog;
 use super::scratch::TEMP_PREFIX;
 use super::writer::{write_population, WrittenPopulation};
 use super::Population;
+use crate::remote::Bucket;
 use crate::storage::CacheSet;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,7 +99,10 @@ pub fn canonical(table: &RecordBatch) -> Result<RecordBatch> {
 }
 
 pub struct PopulationStore {
+    /// The store, or on object storage this replica's mirror of it.
     dir: PathBuf,
+    /// The bucket prefix that holds the store, when it is on object storage.
+    remote: Option<RemoteLog>,
 }
 
 /// A population id: 32 lowercase hex digits.
@@ -125,7 +135,36 @@ impl PopulationStore {
         remove_abandoned(&populations, is_temp);
         Ok(PopulationStore {
             dir: dir.to_path_buf(),
+            remote: None,
         })
+    }
+
+    /// A store on object storage under `bucket`, mirrored into `mirror`.
+    pub fn open_remote(mirror: &Path, bucket: Bucket) -> Result<Self> {
+        let mut store = Self::open(mirror)?;
+        store.remote = Some(RemoteLog::new(bucket));
+        Ok(store)
+    }
+
+    /// Where the store lives, for messages: its directory or its URL.
+    pub fn location(&self) -> String {
+        match &self.remote {
+            Some(remote) => remote.bucket().url().to_string(),
+            None => self.dir.display().to_string(),
+        }
+    }
+
+    fn refuse_removal(&self) -> Result<()> {
+        match &self.remote {
+            None => Ok(()),
+            Some(remote) => Err(Error::invalid(format!(
+                "populations on object storage ({}) are written once and never removed by \
+                 the server, which cannot exclude an activation of the same population \
+                 on another replica; leave keep_populations at 0 and expire old objects \
+                 under populations/ with a lifecycle rule of the bucket if you must",
+                remote.bucket().url()
+            ))),
+        }
     }
 
     /// Open a store that must already exist, creating and removing nothing
@@ -136,6 +175,7 @@ impl PopulationStore {
         match fs::metadata(&populations) {
             Ok(meta) if meta.is_dir() => Ok(PopulationStore {
                 dir: dir.to_path_buf(),
+                remote: None,
             }),
             Ok(_) => Err(Error::corrupt(
                 &populations,
@@ -176,7 +216,32 @@ impl PopulationStore {
                 .and_then(|f| f.set_modified(std::time::SystemTime::now()));
         }
         written.keep_as(&table, &self.rows_path_of(&id))?;
+        if let Some(remote) = &self.remote {
+            // The rows first: the table's presence publishes both.
+            let bucket = remote.bucket();
+            if !bucket.exists(&remote_table(&id))? {
+                bucket.upload(&self.rows_path_of(&id), &remote_rows(&id))?;
+                bucket.upload(&table, &remote_table(&id))?;
+            }
+        }
         Ok(id)
+    }
+
+    /// Download the population `id` into the mirror (rows, then the table),
+    /// checked against its id before it is used.
+    fn fetch(&self, remote: &RemoteLog, id: &str) -> Result<()> {
+        let bucket = remote.bucket();
+        if !bucket.exists(&remote_table(id))? {
+            return Err(self.not_found(id));
+        }
+        bucket.download(&remote_rows(id), &self.rows_path_of(id))?;
+        bucket.download(&remote_table(id), &self.path_of(id))?;
+        if let Err(error) = self.check_table_hash(id) {
+            let _ = fs::remove_file(self.path_of(id));
+            let _ = fs::remove_file(self.rows_path_of(id));
+            return Err(error);
+        }
+        Ok(())
     }
 
     /// Map the population `id`. A store written before rows files existed
@@ -186,7 +251,10 @@ impl PopulationStore {
         check_population_id(id)?;
         let table = self.path_of(id);
         if !table.exists() {
-            return Err(self.not_found(id));
+            match &self.remote {
+                Some(remote) => self.fetch(remote, id)?,
+                None => return Err(self.not_found(id)),
+            }
         }
         let rows = self.rows_path_of(id);
         if !rows.exists() {
@@ -260,6 +328,7 @@ impl PopulationStore {
     /// ids removed, oldest first. The caller holds the activation lock, so no
     /// activation of a population being removed is under way.
     pub fn retain(&self, lock: &ActivationLock, keep: usize, active: &str) -> Result<Vec<String>> {
+        self.refuse_removal()?;
         let mut stored: Vec<(std::time::SystemTime, String)> = self
             .list()?
             .into_iter()
@@ -284,7 +353,12 @@ impl PopulationStore {
     }
 
     pub fn contains(&self, id: &str) -> bool {
-        check_population_id(id).is_ok() && self.path_of(id).exists()
+        check_population_id(id).is_ok()
+            && (self.path_of(id).exists()
+                || self
+                    .remote
+                    .as_ref()
+                    .is_some_and(|r| r.bucket().exists(&remote_table(id)).unwrap_or(false)))
     }
 
     /// The table stored under `id`, verified against its id, whole in memory
@@ -316,6 +390,7 @@ impl PopulationStore {
     /// and holds the activation lock, so that no activation of it is under way.
     pub fn remove(&self, _lock: &ActivationLock, id: &str) -> Result<()> {
         check_population_id(id)?;
+        self.refuse_removal()?;
         let path = self.path_of(id);
         match fs::remove_file(&path) {
             Ok(()) => {
@@ -331,12 +406,25 @@ impl PopulationStore {
         Error::NotFound(format!(
             "population {id} is not in the store {}; list the stored populations \
              with the 'list_populations' action",
-            self.dir.display()
+            self.location()
         ))
     }
 
     /// Stored population ids, sorted.
     pub fn list(&self) -> Result<Vec<String>> {
+        if let Some(remote) = &self.remote {
+            let mut ids: Vec<String> = remote
+                .bucket()
+                .list(POPULATIONS, None)?
+                .iter()
+                .filter_map(|name| {
+                    let id = name.strip_prefix("populations/")?.strip_suffix(".arrow")?;
+                    check_population_id(id).ok().map(|_| id.to_string())
+                })
+                .collect();
+            ids.sort();
+            return Ok(ids);
+        }
         let dir = self.dir.join(POPULATIONS);
         let mut ids: Vec<String> = fs::read_dir(&dir)
             .at("cannot list", &dir)?
@@ -352,6 +440,9 @@ impl PopulationStore {
     }
 
     pub fn active(&self) -> Result<Option<ActivePopulation>> {
+        if let Some(remote) = &self.remote {
+            return remote.active();
+        }
         let path = self.dir.join(ACTIVE);
         match fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
@@ -364,22 +455,54 @@ impl PopulationStore {
 
     /// Replace the active pointer, durably (it has been renamed into place and
     /// the directory fsynced when this returns).
-    pub fn set_active(&self, _lock: &ActivationLock, active: &ActivePopulation) -> Result<()> {
-        check_population_id(&active.population)?;
-        let bytes = serde_json::to_vec_pretty(active)
+    pub fn set_active(&self, lock: &ActivationLock, active: &ActivePopulation) -> Result<()> {
+        self.update_active(lock, |_| Ok(Some(active.clone())))
+            .map(|_| ())
+    }
+
+    /// Change the active pointer by `change` of the current one (None: leave
+    /// it), durably: under the lock on a file store, as the next entry of the
+    /// activation log on object storage (retried on the newest entry when
+    /// another replica appended first). Returns the active one afterwards.
+    pub fn update_active(
+        &self,
+        _lock: &ActivationLock,
+        mut change: impl FnMut(Option<&ActivePopulation>) -> Result<Option<ActivePopulation>>,
+    ) -> Result<Option<ActivePopulation>> {
+        let checked = |next: Option<ActivePopulation>| {
+            if let Some(next) = &next {
+                check_population_id(&next.population)?;
+            }
+            Ok(next)
+        };
+        if let Some(remote) = &self.remote {
+            return remote.update(|current| checked(change(current)?));
+        }
+        let current = self.active()?;
+        let Some(next) = checked(change(current.as_ref())?)? else {
+            return Ok(current);
+        };
+        let bytes = serde_json::to_vec_pretty(&next)
             .map_err(|e| Error::internal(format!("cannot encode the active pointer: {e}")))?;
-        self.write_atomically(&self.dir.join(ACTIVE), &bytes)
+        self.write_atomically(&self.dir.join(ACTIVE), &bytes)?;
+        Ok(Some(next))
     }
 
     /// The runs resumed against this store (`run::fence`).
     pub fn runs(&self) -> Runs {
-        Runs::new(&self.dir)
+        match &self.remote {
+            Some(remote) => Runs::remote(remote.bucket()),
+            None => Runs::new(&self.dir),
+        }
     }
 
     /// The generation a resume of `run` gets (see `run::fence`), recorded
     /// durably before it is returned.
     pub fn claim_run(&self, run: &RunId, claim: Claim) -> Result<u64> {
         let runs = self.runs();
+        if self.remote.is_some() {
+            return runs.claim_remote(run, claim);
+        }
         let _lock = self.lock_activation()?;
         let (generation, write) = runs.decide(run, claim)?;
         if write {
@@ -407,6 +530,14 @@ impl PopulationStore {
         written?;
         fsync_dir(parent)
     }
+}
+
+fn remote_table(id: &str) -> String {
+    format!("{POPULATIONS}/{id}.arrow")
+}
+
+fn remote_rows(id: &str) -> String {
+    format!("{POPULATIONS}/{id}.rows")
 }
 
 fn is_temp(file_name: &str) -> bool {

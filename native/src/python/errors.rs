@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 use crate::error::Error;
 
 /// (name, builtin base, docstring) of every subclass of `DatasetRTError`.
-const CLASSES: [(&str, Builtin, &str); 10] = [
+const CLASSES: [(&str, Builtin, &str); 11] = [
     (
         "CorruptCacheError",
         Builtin::OSError,
@@ -74,6 +74,13 @@ const CLASSES: [(&str, Builtin, &str); 10] = [
          run exists (docs/training.md, \"Fencing\"). The loader stops instead of \
          training on, and its state cannot be saved. Over Flight it is CANCELLED, which \
          clients never retry.",
+    ),
+    (
+        "StoreUnavailableError",
+        Builtin::CacheIOError,
+        "Object storage could not be reached or refused a request (network, credentials, \
+         a store that is down). Nothing changed; retry when it is back. Over Flight it is \
+         UNAVAILABLE, which clients retry.",
     ),
 ];
 
@@ -159,6 +166,7 @@ fn class_of(error: &Error) -> usize {
         Error::Internal(_) => 8,
         Error::StorageFull { .. } => 9,
         Error::Fenced(_) => 10,
+        Error::Unavailable(_) => 11,
     }
 }
 

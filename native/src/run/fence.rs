@@ -10,19 +10,35 @@
 //! happens under the store's lock and replaces the file whole (write, fsync,
 //! rename), so two resumes of one run never get one generation by accident.
 //!
+//! On object storage each generation is its own object,
+//! `runs/<run id>/<generation>.json` (20 digits), created with
+//! `If-None-Match: *`: of two claims of one generation exactly one creates it
+//! and the other claims again after it. A stream's fence there lists the run
+//! at most once per `POLL`, so a loader of an older generation stops within
+//! that time of a resume on another replica.
+//!
 //! The ranks of one resumed job must share their generation. With
 //! `torch.distributed`, rank 0 claims a fresh one and tells the others;
 //! without it, every rank claims from the same checkpoint (`from`: the
 //! generation and place of the state it loaded), and a claim from the
 //! checkpoint the newest generation came from gets that generation again.
 
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::{Place, RunId};
 use crate::error::{Error, IoContext, Result};
+use crate::remote::Bucket;
+
+/// How long a fence on object storage trusts what it last read.
+pub const POLL: Duration = Duration::from_secs(1);
+/// Rounds a claim on object storage retries when others keep winning.
+const MAX_ROUNDS: usize = 200;
 
 /// The newest generation of a run and the checkpoint it resumed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,16 +59,29 @@ pub struct Claim {
     pub fresh: bool,
 }
 
-/// The runs directory of one dataset's store.
+/// Newest generations read from object storage, by run, with when.
+type Seen = Arc<Mutex<HashMap<String, (Instant, Option<Generation>)>>>;
+
+/// The runs of one dataset's store: a directory, or a bucket prefix.
 #[derive(Debug, Clone)]
 pub struct Runs {
     dir: PathBuf,
+    remote: Option<(Bucket, Seen)>,
 }
 
 impl Runs {
     pub fn new(store_dir: &Path) -> Self {
         Runs {
             dir: store_dir.join("runs"),
+            remote: None,
+        }
+    }
+
+    /// The runs of a store on object storage under `store`.
+    pub fn remote(store: &Bucket) -> Self {
+        Runs {
+            dir: PathBuf::new(),
+            remote: Some((store.child("runs"), Seen::default())),
         }
     }
 
@@ -60,8 +89,51 @@ impl Runs {
         self.dir.join(format!("{}.json", run.as_str()))
     }
 
+    /// The newest generation on object storage (one listing, one read).
+    fn newest_remote(bucket: &Bucket, run: &RunId) -> Result<Option<Generation>> {
+        let names = bucket.list(run.as_str(), None)?;
+        let Some(newest) = names.last() else {
+            return Ok(None);
+        };
+        let corrupt = |detail: String| Error::corrupt(format!("{}/{newest}", bucket.url()), detail);
+        let bytes = bucket
+            .get(newest)?
+            .ok_or_else(|| corrupt("listed but cannot be read".into()))?;
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| corrupt(format!("not a run record: {e}")))
+    }
+
+    /// Claim a generation on object storage: decided from the newest one and
+    /// created only if no other claim created it first (else decided again).
+    pub fn claim_remote(&self, run: &RunId, claim: Claim) -> Result<u64> {
+        let Some((bucket, _)) = &self.remote else {
+            return Err(Error::internal("claim_remote on a local store"));
+        };
+        for _ in 0..MAX_ROUNDS {
+            let (generation, write) = self.decide(run, claim)?;
+            if !write {
+                return Ok(generation.generation);
+            }
+            let bytes = serde_json::to_vec(&generation)
+                .map_err(|e| Error::internal(format!("cannot encode a run record: {e}")))?;
+            let name = format!("{}/{:020}.json", run.as_str(), generation.generation);
+            if bucket.create(&name, bytes)? {
+                return Ok(generation.generation);
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the claim of run {} lost the race to other claims {MAX_ROUNDS} times in a row; \
+             retry it",
+            run.as_str()
+        )))
+    }
+
     /// The run's newest generation, if it was ever resumed against this store.
     pub fn newest(&self, run: &RunId) -> Result<Option<Generation>> {
+        if let Some((bucket, _)) = &self.remote {
+            return Self::newest_remote(bucket, run);
+        }
         let path = self.path(run);
         match fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
@@ -97,7 +169,28 @@ impl Runs {
 
     /// `FencedError` when a newer generation of `run` than `generation` exists.
     pub fn check(&self, run: &RunId, generation: u64) -> Result<()> {
-        match self.newest(run)? {
+        let newest = match &self.remote {
+            None => self.newest(run)?,
+            Some((bucket, seen)) => {
+                let poisoned = || Error::internal("a fence's state was poisoned");
+                let known = seen
+                    .lock()
+                    .map_err(|_| poisoned())?
+                    .get(run.as_str())
+                    .copied();
+                match known {
+                    Some((at, newest)) if at.elapsed() < POLL => newest,
+                    _ => {
+                        let newest = Self::newest_remote(bucket, run)?;
+                        seen.lock()
+                            .map_err(|_| poisoned())?
+                            .insert(run.as_str().to_string(), (Instant::now(), newest));
+                        newest
+                    }
+                }
+            }
+        };
+        match newest {
             Some(newest) if newest.generation > generation => Err(fenced(run, generation, newest)),
             _ => Ok(()),
         }

@@ -1,0 +1,375 @@
+//! Objects on S3-compatible storage, through Apache Arrow's `object_store`.
+//!
+//! The engine is synchronous (worker threads, PyO3 calls without the GIL), so
+//! every call here blocks on one small Tokio runtime shared by the process.
+//! Only what the stores need is exposed: whole-object gets and puts,
+//! create-only puts (`If-None-Match: *`, the one conditional write that S3,
+//! Ceph's radosgw and the other S3-compatible stores agree on; see
+//! docs/storage-format.md, "On object storage"), listings after a key, and
+//! file uploads and downloads that stream (a population file may be GBs).
+//!
+//! Credentials and the endpoint come from the environment (`AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL`, `AWS_REGION`,
+//! `AWS_ALLOW_HTTP`, ...), never from a URL, a ticket or a log line.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use futures::StreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
+
+use crate::error::{Error, IoContext, Result};
+use crate::storage::temp::LockedTemp;
+
+/// Files up to this size are uploaded in one request, larger ones in parts.
+const SINGLE_PUT_BYTES: u64 = 16 << 20;
+/// The part size of multipart uploads (S3's minimum is 5 MiB).
+const PART_BYTES: usize = 16 << 20;
+/// Parts of one upload in flight at once.
+const PARTS_IN_FLIGHT: usize = 4;
+
+fn runtime() -> Result<&'static tokio::runtime::Runtime> {
+    static RUNTIME: OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
+        OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("drt-object-store")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| Error::internal(format!("cannot start the object-store runtime: {e}")))
+}
+
+fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
+    Ok(runtime()?.block_on(future))
+}
+
+/// A prefix of a bucket: `s3://bucket/prefix`.
+#[derive(Clone)]
+pub struct Bucket {
+    store: Arc<dyn ObjectStore>,
+    root: Key,
+    /// The URL it was opened from (no credentials), for messages.
+    url: String,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bucket({})", self.url)
+    }
+}
+
+/// Whether `location` names object storage rather than a local directory.
+pub fn is_url(location: &str) -> bool {
+    location.starts_with("s3://")
+}
+
+impl Bucket {
+    /// Open `s3://bucket/prefix` with the credentials and endpoint of the
+    /// environment. Nothing is requested until the first operation.
+    pub fn open(url: &str) -> Result<Self> {
+        let rest = url.strip_prefix("s3://").ok_or_else(|| {
+            Error::invalid(format!(
+                "{url:?} is not an object-storage URL; give s3://BUCKET/PREFIX"
+            ))
+        })?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() || url.contains('@') || url.contains('?') {
+            return Err(Error::invalid(format!(
+                "{url:?} is not an object-storage URL; give s3://BUCKET/PREFIX (credentials \
+                 come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, never from the URL)"
+            )));
+        }
+        let store = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .build()
+            .map_err(|e| {
+                Error::invalid(format!(
+                    "cannot use object storage at {url}: {e}; set AWS_ENDPOINT_URL (and \
+                     AWS_ALLOW_HTTP=true for a plain-HTTP endpoint), AWS_REGION and the \
+                     credentials in the environment"
+                ))
+            })?;
+        Ok(Bucket {
+            store: Arc::new(store),
+            root: Key::parse(prefix.trim_end_matches('/'))
+                .map_err(|e| Error::invalid(format!("{url:?}: the prefix is not valid: {e}")))?,
+            url: url.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// A bucket over any `ObjectStore` (the unit tests use a local directory).
+    pub fn from_store(store: Arc<dyn ObjectStore>, url: &str) -> Self {
+        Bucket {
+            store,
+            root: Key::default(),
+            url: url.to_string(),
+        }
+    }
+
+    /// The prefix `name` below this one (`name` may hold `/`).
+    pub fn child(&self, name: &str) -> Bucket {
+        let mut root = self.root.clone();
+        for part in name.split('/').filter(|p| !p.is_empty()) {
+            root = root.join(part);
+        }
+        Bucket {
+            store: self.store.clone(),
+            root,
+            url: format!("{}/{name}", self.url),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn key(&self, name: &str) -> Key {
+        let mut key = self.root.clone();
+        for part in name.split('/').filter(|p| !p.is_empty()) {
+            key = key.join(part);
+        }
+        key
+    }
+
+    fn error(&self, action: &str, name: &str, error: object_store::Error) -> Error {
+        match error {
+            object_store::Error::NotFound { .. } => {
+                Error::NotFound(format!("{}/{name} does not exist", self.url))
+            }
+            other => Error::Unavailable(format!(
+                "object storage at {} could not {action} {name}: {other}; check that the \
+                 store is reachable and that the credentials in the environment may read \
+                 and write the bucket",
+                self.url
+            )),
+        }
+    }
+
+    /// The object `name`, or None when there is none.
+    pub fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let key = self.key(name);
+        let got = block_on(async {
+            let result = self.store.get(&key).await?;
+            result.bytes().await
+        })?;
+        match got {
+            Ok(bytes) => Ok(Some(bytes.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error("read", name, e)),
+        }
+    }
+
+    /// Whether the object `name` exists.
+    pub fn exists(&self, name: &str) -> Result<bool> {
+        match block_on(self.store.head(&self.key(name)))? {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.error("look up", name, e)),
+        }
+    }
+
+    /// Create `name` holding `bytes` unless it exists (`If-None-Match: *`):
+    /// true when this call created it. Of concurrent creates exactly one
+    /// returns true. A create whose answer was lost and that the client
+    /// retried returns false although it won: callers that must know put a
+    /// nonce in `bytes` and read it back.
+    pub fn create(&self, name: &str, bytes: Vec<u8>) -> Result<bool> {
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let put = block_on(
+            self.store
+                .put_opts(&self.key(name), PutPayload::from(bytes), options),
+        )?;
+        match put {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(self.error("create", name, e)),
+        }
+    }
+
+    /// The names below `prefix` (relative to this bucket's prefix) that sort
+    /// after `after`, in order.
+    pub fn list(&self, prefix: &str, after: Option<&str>) -> Result<Vec<String>> {
+        let prefix_key = self.key(prefix);
+        let listed = block_on(async {
+            let stream = match after {
+                Some(after) => self
+                    .store
+                    .list_with_offset(Some(&prefix_key), &self.key(after)),
+                None => self.store.list(Some(&prefix_key)),
+            };
+            stream.collect::<Vec<_>>().await
+        })?;
+        let root = self.root.as_ref();
+        let mut names = Vec::with_capacity(listed.len());
+        for meta in listed {
+            let meta = meta.map_err(|e| self.error("list", prefix, e))?;
+            let full = meta.location.as_ref();
+            let name = if root.is_empty() {
+                full
+            } else {
+                full.strip_prefix(root)
+                    .and_then(|n| n.strip_prefix('/'))
+                    .unwrap_or(full)
+            };
+            names.push(name.to_string());
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Upload the file at `path` as `name`, streamed in parts when large; the
+    /// object appears whole or not at all (S3 publishes a put, or the
+    /// completion of a multipart upload, atomically).
+    pub fn upload(&self, path: &Path, name: &str) -> Result<()> {
+        let key = self.key(name);
+        let mut file = fs::File::open(path).at("cannot open", path)?;
+        let size = file.metadata().at("cannot stat", path)?.len();
+        if size <= SINGLE_PUT_BYTES {
+            let mut bytes = Vec::with_capacity(size as usize);
+            file.read_to_end(&mut bytes).at("cannot read", path)?;
+            return block_on(self.store.put(&key, PutPayload::from(bytes)))?
+                .map(|_| ())
+                .map_err(|e| self.error("write", name, e));
+        }
+        let uploaded: std::result::Result<(), Error> = block_on(async {
+            let upload = self
+                .store
+                .put_multipart(&key)
+                .await
+                .map_err(|e| self.error("start an upload of", name, e))?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+            let mut buffer = vec![0u8; PART_BYTES];
+            loop {
+                let read = file.read(&mut buffer).at("cannot read", path)?;
+                if read == 0 {
+                    break;
+                }
+                writer
+                    .wait_for_capacity(PARTS_IN_FLIGHT)
+                    .await
+                    .map_err(|e| self.error("upload", name, e))?;
+                writer.write(&buffer[..read]);
+            }
+            writer
+                .finish()
+                .await
+                .map(|_| ())
+                .map_err(|e| self.error("complete the upload of", name, e))
+        })?;
+        uploaded
+    }
+
+    /// Download `name` to `dest`: written to a temporary file beside it and
+    /// renamed into place, so `dest` is whole or absent. `NotFound` when the
+    /// object does not exist.
+    pub fn download(&self, name: &str, dest: &Path) -> Result<()> {
+        let dir = dest.parent().unwrap_or(Path::new("."));
+        fs::create_dir_all(dir).at("cannot create", dir)?;
+        let temp = LockedTemp::create_file(dir, ".tmp-")?;
+        let mut file = temp.file();
+        let key = self.key(name);
+        let fetched: Result<()> = block_on(async {
+            let result = self
+                .store
+                .get(&key)
+                .await
+                .map_err(|e| self.error("read", name, e))?;
+            let mut stream = result.into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| self.error("read", name, e))?;
+                file.write_all(&chunk).at("cannot write", temp.path())?;
+            }
+            Ok(())
+        })?;
+        let kept = fetched
+            .and_then(|()| file.sync_all().at("cannot fsync", temp.path()))
+            .and_then(|()| fs::rename(temp.path(), dest).at("cannot rename into place", dest));
+        if kept.is_err() {
+            let _ = fs::remove_file(temp.path());
+        }
+        kept
+    }
+
+    /// Remove `name` (no error when it is already gone).
+    pub fn delete(&self, name: &str) -> Result<()> {
+        match block_on(self.store.delete(&self.key(name)))? {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error("delete", name, e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::local::LocalFileSystem;
+
+    fn local_bucket(dir: &Path) -> Bucket {
+        let store = LocalFileSystem::new_with_prefix(dir).expect("a local store");
+        Bucket::from_store(Arc::new(store), "file://test")
+    }
+
+    #[test]
+    fn create_is_exclusive_and_listing_is_ordered() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bucket = local_bucket(dir.path()).child("a/b");
+        assert!(bucket.create("log/001", b"one".to_vec()).expect("create"));
+        assert!(!bucket.create("log/001", b"two".to_vec()).expect("create"));
+        assert_eq!(bucket.get("log/001").expect("get"), Some(b"one".to_vec()));
+        assert_eq!(bucket.get("log/002").expect("get"), None);
+        assert!(bucket.create("log/003", b"3".to_vec()).expect("create"));
+        assert!(bucket.create("log/002", b"2".to_vec()).expect("create"));
+        assert_eq!(
+            bucket.list("log", None).expect("list"),
+            vec!["log/001", "log/002", "log/003"]
+        );
+        assert_eq!(
+            bucket.list("log", Some("log/001")).expect("list"),
+            vec!["log/002", "log/003"]
+        );
+    }
+
+    #[test]
+    fn files_round_trip_whole_and_in_parts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(dir.path().join("store")).expect("mkdir");
+        let bucket = local_bucket(&dir.path().join("store"));
+        for size in [0usize, 1000, (SINGLE_PUT_BYTES as usize) + 12345] {
+            let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+            let source = dir.path().join("source");
+            fs::write(&source, &bytes).expect("write");
+            bucket.upload(&source, "f/object").expect("upload");
+            let dest = dir.path().join("copy/dest");
+            bucket.download("f/object", &dest).expect("download");
+            assert_eq!(fs::read(&dest).expect("read"), bytes);
+        }
+        assert!(matches!(
+            bucket.download("f/missing", &dir.path().join("copy/none")),
+            Err(Error::NotFound(_))
+        ));
+        assert!(!dir.path().join("copy/none").exists());
+    }
+
+    #[test]
+    fn urls_are_checked() {
+        for bad in ["s3://", "file:///x", "s3://key:secret@bucket/p", "bucket/p"] {
+            assert!(
+                matches!(Bucket::open(bad), Err(Error::InvalidArgument(_))),
+                "{bad}"
+            );
+        }
+        assert!(is_url("s3://b/p") && !is_url("/tmp/s3"));
+    }
+}

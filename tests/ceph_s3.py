@@ -1,0 +1,206 @@
+"""A real S3-compatible object store for the tests: a one-node Ceph cluster
+(one monitor, one memstore OSD, one radosgw) from Debian's packages, started in a
+directory of its own on loopback ports and torn down with it.
+
+Why Ceph's radosgw: the object-storage design needs create-only writes
+(``If-None-Match: *``), which radosgw enforces atomically in the OSD (checked by
+``tests/test_object_store.py``). Garage (the other store the registries
+provide) ignores conditional writes on PutObject, which would make every
+compare-and-swap succeed. radosgw 16 also refuses ``If-Match`` with a quoted ETag
+(the form S3 and RFC 9110 use), which is why the design uses create-only writes
+only (docs/storage-format.md, "On object storage").
+
+    python tests/ceph_s3.py DIR      # start one, print its endpoint, stop on Ctrl-C
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "ceph-authtool", "monmaptool")
+ACCESS_KEY = "dataset-rt-test"
+SECRET_KEY = "dataset-rt-test-secret"
+START_SECONDS = 90.0
+
+
+def missing_binaries() -> list[str]:
+    return [b for b in BINARIES if shutil.which(b) is None]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class CephS3:
+    """A running one-node Ceph with radosgw; ``environment()`` is what a client needs."""
+
+    root: Path
+    endpoint: str = ""
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def environment(self) -> dict[str, str]:
+        """The variables object_store's S3 client (and the server) read credentials from."""
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_REGION": "us-east-1",
+        }
+
+    def start(self) -> CephS3:
+        missing = missing_binaries()
+        if missing:
+            raise RuntimeError(
+                f"Ceph is not installed (missing {', '.join(missing)}); install Debian's "
+                "ceph-mon ceph-osd radosgw ceph-common (.ci/run does)"
+            )
+        root = self.root
+        for sub in ("run", "log", "mon.a", "osd.0", "rgw"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        mon_port, rgw_port = free_port(), free_port()
+        fsid = str(uuid.uuid4())
+        conf = root / "ceph.conf"
+        conf.write_text(
+            f"""[global]
+fsid = {fsid}
+mon host = v2:127.0.0.1:{mon_port}
+mon initial members = a
+public addr = 127.0.0.1
+ms bind ipv6 = false
+mon data avail warn = 1
+mon data avail crit = 0
+mon allow pool size one = true
+mon allow pool delete = true
+mon max pg per osd = 1000
+mon warn on pool no redundancy = false
+auth allow insecure global id reclaim = false
+osd pool default size = 1
+osd pool default min size = 1
+osd pool default pg num = 8
+osd pool default pgp num = 8
+osd crush chooseleaf type = 0
+osd objectstore = memstore
+memstore device bytes = {8 << 30}
+osd memory target = {512 << 20}
+client mount timeout = 30
+rados mon op timeout = 30
+run dir = {root}/run
+admin socket = {root}/run/$name.asok
+log file = {root}/log/$name.log
+pid file = {root}/run/$name.pid
+mon data = {root}/mon.$id
+osd data = {root}/osd.$id
+keyring = {root}/keyring
+[client.rgw]
+rgw frontends = beast endpoint=127.0.0.1:{rgw_port}
+rgw data = {root}/rgw
+rgw dns name = 127.0.0.1
+"""
+        )
+        c = ["-c", str(conf)]
+        keyring = str(root / "keyring")
+        run = self._run
+        run(["ceph-authtool", "--create-keyring", keyring, "--gen-key", "-n", "mon.", "--cap", "mon", "allow *"])
+        for name, caps in (
+            ("client.admin", ["mon", "allow *", "osd", "allow *", "mgr", "allow *"]),
+            ("client.rgw", ["mon", "allow rw", "osd", "allow rwx"]),
+            ("osd.0", ["mon", "allow profile osd", "osd", "allow *"]),
+        ):
+            args = ["ceph-authtool", keyring, "--gen-key", "-n", name]
+            for kind, cap in zip(caps[::2], caps[1::2], strict=True):
+                args += ["--cap", kind, cap]
+            run(args)
+        monmap = str(root / "monmap")
+        run(["monmaptool", "--create", "--addv", "a", f"[v2:127.0.0.1:{mon_port}]", "--fsid", fsid, monmap])
+        run(["ceph-mon", *c, "--mkfs", "-i", "a", "--monmap", monmap, "--keyring", keyring])
+        self._daemon(["ceph-mon", *c, "-f", "-i", "a"])
+        osd_uuid = str(uuid.uuid4())
+        run(["ceph", *c, "--connect-timeout", "30", "osd", "new", osd_uuid, "0"])
+        run(["ceph-osd", *c, "-i", "0", "--mkfs", "--osd-uuid", osd_uuid])
+        self._daemon(["ceph-osd", *c, "-f", "-i", "0"])
+        self._daemon(["radosgw", *c, "-f", "-n", "client.rgw"])
+        self.endpoint = f"http://127.0.0.1:{rgw_port}"
+        self._wait_for_gateway()
+        run(
+            ["radosgw-admin", *c, "user", "create", "--uid=dataset-rt", "--display-name=dataset-rt",
+             f"--access-key={ACCESS_KEY}", f"--secret={SECRET_KEY}"]
+        )  # fmt: skip
+        return self
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+        for process in self.processes:
+            process.wait(timeout=30)
+        self.processes.clear()
+
+    def __enter__(self) -> CephS3:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self, args: list[str]) -> None:
+        done = subprocess.run(args, capture_output=True, timeout=120, check=False)
+        if done.returncode != 0:
+            self.stop()
+            raise RuntimeError(
+                f"{' '.join(args[:3])} failed ({done.returncode}): "
+                f"{done.stderr.decode(errors='replace')[-2000:]}; logs in {self.root / 'log'}"
+            )
+
+    def _daemon(self, args: list[str]) -> None:
+        log = open(self.root / "log" / f"{args[0]}.out", "ab")  # noqa: SIM115 (the daemon holds it)
+        self.processes.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
+
+    def _wait_for_gateway(self) -> None:
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            for process in self.processes:
+                if process.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(
+                        f"{process.args[0]} exited ({process.returncode}); logs in {self.root / 'log'}"  # type: ignore[index]
+                    )
+            try:
+                with urllib.request.urlopen(self.endpoint, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"radosgw did not answer at {self.endpoint} within {START_SECONDS:.0f} s")
+
+
+def main() -> None:
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "ceph-s3").resolve()
+    with CephS3(root) as ceph:
+        for key, value in ceph.environment().items():
+            print(f"export {key}={value}")
+        sys.stdout.flush()
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    os.umask(0o022)
+    main()
