@@ -35,6 +35,7 @@ from dataset_rt.errors import (
     SchemaMismatchError,
     SourceError,
     StorageFullError,
+    StoreUnavailableError,
 )
 from dataset_rt.partition import Partition
 from dataset_rt.records import (
@@ -102,6 +103,7 @@ __all__ = [
     "SizedTorchIterableDataset",
     "SourceError",
     "StorageFullError",
+    "StoreUnavailableError",
     "WriterConfig",
     "WriterProfilerConfig",
 ]

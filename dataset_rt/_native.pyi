@@ -171,6 +171,7 @@ class DatasetService:
         *,
         validate_cache: bool = False,
         create: bool = True,
+        mirror_dir: str | None = None,
     ) -> Self: ...
     @property
     def cache_ids(self) -> list[int]: ...

@@ -35,10 +35,11 @@ class Catalog:
     def __init__(
         self,
         specs: list[DatasetSpec],
-        state_dir: Path,
+        state_dir: str | Path,
         runtime: drt.DatasetRuntime,
         *,
         validate_cache: bool = False,
+        mirror_dir: Path | None = None,
     ) -> None:
         if not specs:
             raise ValueError("a server needs at least one dataset")
@@ -46,9 +47,15 @@ class Catalog:
         if len(set(names)) != len(names):
             raise ValueError(f"dataset names must be unique, got {names}")
         self.runtime = runtime
-        self.state_dir = Path(state_dir)
+        remote = str(state_dir).startswith("s3://")
+        if remote and mirror_dir is None:
+            raise ValueError(f"a state dir on object storage ({state_dir}) needs a mirror_dir")
+        #: The store: a directory, or an s3:// URL.
+        self.state_dir = str(state_dir)
+        #: The local directory the server writes: the store, or its mirror.
+        self.local_dir = Path(mirror_dir) if remote and mirror_dir else Path(state_dir)
         # The server's own paths, named in what clients see instead.
-        private = {Path(state_dir): "<state>"}
+        private = {self.local_dir: "<state>"}
         for spec in specs:
             private |= {Path(cache): f"<cache {Path(cache).name}>" for cache in spec.caches}
         self.redact = Redactor(private)
@@ -57,8 +64,9 @@ class Catalog:
                 runtime.native,
                 spec.name,
                 [str(p) for p in spec.caches],
-                str(state_dir),
+                self.state_dir,
                 validate_cache=validate_cache,
+                mirror_dir=str(mirror_dir) if remote else None,
             )
             for spec in specs
         }

@@ -57,7 +57,18 @@ def _parser() -> argparse.ArgumentParser:
         help="where the demo cache and the default state directory live (default .data)",
     )
     parser.add_argument(
-        "--state-dir", type=Path, default=None, help="population store (default DATA_DIR/state)"
+        "--state-dir",
+        default=None,
+        help="population store: a directory (default DATA_DIR/state), or object storage "
+        "s3://BUCKET/PREFIX shared by replicas with no common file system (credentials and "
+        "endpoint from AWS_* environment variables; docs/operations.md)",
+    )
+    parser.add_argument(
+        "--mirror-dir",
+        type=Path,
+        default=None,
+        help="with --state-dir s3://...: this replica's local copies of the populations it "
+        "maps (default DATA_DIR/mirror)",
     )
     parser.add_argument(
         "--keep-populations",
@@ -256,8 +267,14 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
     specs = [DatasetSpec.parse(text) for text in args.dataset]
     if not specs:
         specs = [DatasetSpec(DEMO_NAME, (ensure_demo_cache(runtime, args.data_dir),))]
-    state_dir = args.state_dir or args.data_dir / "state"
-    catalog = Catalog(specs, state_dir, runtime, validate_cache=args.validate_cache)
+    state_dir = args.state_dir or str(args.data_dir / "state")
+    catalog = Catalog(
+        specs,
+        state_dir,
+        runtime,
+        validate_cache=args.validate_cache,
+        mirror_dir=args.mirror_dir or args.data_dir / "mirror",
+    )
     for name in catalog.names():
         catalog.get(name).set_keep_populations(args.keep_populations)
     tls = None
@@ -320,7 +337,7 @@ def start_probes(args: argparse.Namespace, server: DatasetFlightServer) -> Probe
         args.metrics_host,
         args.metrics_port,
         server.metrics.exposition,
-        readiness(server.catalog, server.catalog.state_dir, args.min_free_bytes),
+        readiness(server.catalog, server.catalog.local_dir, args.min_free_bytes),
         tokens=TokenFile.load(args.token_file) if auth == "token" else None,
     )
 

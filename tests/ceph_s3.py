@@ -15,6 +15,7 @@ only (docs/storage-format.md, "On object storage").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -28,7 +29,15 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "ceph-authtool", "monmaptool")
+BINARIES = (
+    "ceph-mon",
+    "ceph-osd",
+    "radosgw",
+    "radosgw-admin",
+    "ceph",
+    "ceph-authtool",
+    "monmaptool",
+)
 ACCESS_KEY = "dataset-rt-test"
 SECRET_KEY = "dataset-rt-test-secret"
 START_SECONDS = 90.0
@@ -51,6 +60,7 @@ class CephS3:
     root: Path
     endpoint: str = ""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    gateway: list[str] = field(default_factory=list)
 
     def environment(self) -> dict[str, str]:
         """The variables object_store's S3 client (and the server) read credentials from."""
@@ -115,7 +125,19 @@ rgw dns name = 127.0.0.1
         c = ["-c", str(conf)]
         keyring = str(root / "keyring")
         run = self._run
-        run(["ceph-authtool", "--create-keyring", keyring, "--gen-key", "-n", "mon.", "--cap", "mon", "allow *"])
+        run(
+            [
+                "ceph-authtool",
+                "--create-keyring",
+                keyring,
+                "--gen-key",
+                "-n",
+                "mon.",
+                "--cap",
+                "mon",
+                "allow *",
+            ]
+        )
         for name, caps in (
             ("client.admin", ["mon", "allow *", "osd", "allow *", "mgr", "allow *"]),
             ("client.rgw", ["mon", "allow rw", "osd", "allow rwx"]),
@@ -126,21 +148,44 @@ rgw dns name = 127.0.0.1
                 args += ["--cap", kind, cap]
             run(args)
         monmap = str(root / "monmap")
-        run(["monmaptool", "--create", "--addv", "a", f"[v2:127.0.0.1:{mon_port}]", "--fsid", fsid, monmap])
+        run(
+            [
+                "monmaptool",
+                "--create",
+                "--addv",
+                "a",
+                f"[v2:127.0.0.1:{mon_port}]",
+                "--fsid",
+                fsid,
+                monmap,
+            ]
+        )
         run(["ceph-mon", *c, "--mkfs", "-i", "a", "--monmap", monmap, "--keyring", keyring])
         self._daemon(["ceph-mon", *c, "-f", "-i", "a"])
         osd_uuid = str(uuid.uuid4())
         run(["ceph", *c, "--connect-timeout", "30", "osd", "new", osd_uuid, "0"])
         run(["ceph-osd", *c, "-i", "0", "--mkfs", "--osd-uuid", osd_uuid])
         self._daemon(["ceph-osd", *c, "-f", "-i", "0"])
-        self._daemon(["radosgw", *c, "-f", "-n", "client.rgw"])
+        self.gateway = ["radosgw", *c, "-f", "-n", "client.rgw"]
         self.endpoint = f"http://127.0.0.1:{rgw_port}"
-        self._wait_for_gateway()
+        self.start_gateway()
         run(
             ["radosgw-admin", *c, "user", "create", "--uid=dataset-rt", "--display-name=dataset-rt",
              f"--access-key={ACCESS_KEY}", f"--secret={SECRET_KEY}"]
         )  # fmt: skip
         return self
+
+    def start_gateway(self) -> None:
+        """Start radosgw (again) and wait until it answers."""
+        self._daemon(self.gateway)
+        self._wait_for_gateway()
+
+    def stop_gateway(self) -> None:
+        """Kill radosgw (the cluster and its objects stay): the store is unreachable."""
+        for process in [p for p in self.processes if p.args == self.gateway]:
+            process.kill()
+            process.wait(timeout=30)
+            self.processes.remove(process)
 
     def stop(self) -> None:
         for process in self.processes:
@@ -166,8 +211,9 @@ rgw dns name = 127.0.0.1
             )
 
     def _daemon(self, args: list[str]) -> None:
-        log = open(self.root / "log" / f"{args[0]}.out", "ab")  # noqa: SIM115 (the daemon holds it)
-        self.processes.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
+        # The daemon keeps its own descriptor of the log.
+        with open(self.root / "log" / f"{args[0]}.out", "ab") as log:
+            self.processes.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
 
     def _wait_for_gateway(self) -> None:
         deadline = time.monotonic() + START_SECONDS
@@ -175,9 +221,9 @@ rgw dns name = 127.0.0.1
             for process in self.processes:
                 if process.poll() is not None:
                     self.stop()
-                    raise RuntimeError(
-                        f"{process.args[0]} exited ({process.returncode}); logs in {self.root / 'log'}"  # type: ignore[index]
-                    )
+                    name = Path(str(process.args[0])).name  # type: ignore[index]
+                    logs = self.root / "log"
+                    raise RuntimeError(f"{name} exited ({process.returncode}); logs in {logs}")
             try:
                 with urllib.request.urlopen(self.endpoint, timeout=2) as response:
                     if response.status == 200:
@@ -186,7 +232,9 @@ rgw dns name = 127.0.0.1
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"radosgw did not answer at {self.endpoint} within {START_SECONDS:.0f} s")
+        raise RuntimeError(
+            f"radosgw did not answer at {self.endpoint} within {START_SECONDS:.0f} s"
+        )
 
 
 def main() -> None:
@@ -195,10 +243,8 @@ def main() -> None:
         for key, value in ceph.environment().items():
             print(f"export {key}={value}")
         sys.stdout.flush()
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
-        except KeyboardInterrupt:
-            pass
 
 
 if __name__ == "__main__":

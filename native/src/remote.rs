@@ -16,11 +16,15 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use futures::StreamExt;
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as Key;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
+use object_store::{
+    BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    RetryConfig, WriteMultipart,
+};
 
 use crate::error::{Error, IoContext, Result};
 use crate::storage::temp::LockedTemp;
@@ -29,8 +33,11 @@ use crate::storage::temp::LockedTemp;
 const SINGLE_PUT_BYTES: u64 = 16 << 20;
 /// The part size of multipart uploads (S3's minimum is 5 MiB).
 const PART_BYTES: usize = 16 << 20;
-/// Parts of one upload in flight at once.
+/// Parts of one upload, or ranges of one download, in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
+/// Downloads are ranged requests of this size: each is short enough for the
+/// per-request timeout, and a failed one is retried alone.
+const RANGE_BYTES: u64 = 32 << 20;
 
 fn runtime() -> Result<&'static tokio::runtime::Runtime> {
     static RUNTIME: OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
@@ -88,8 +95,25 @@ impl Bucket {
                  come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, never from the URL)"
             )));
         }
-        let store = AmazonS3Builder::from_env()
+        // Unless the environment says otherwise: a store that is down fails
+        // within about half a minute (not object_store's three), and each
+        // request (a part, a range) has a minute.
+        let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
+            .with_retry(RetryConfig {
+                backoff: BackoffConfig::default(),
+                max_retries: 3,
+                retry_timeout: Duration::from_secs(30),
+            });
+        for (key, default) in [("connect_timeout", "5s"), ("timeout", "60s")] {
+            let set = std::env::var_os(format!("AWS_{}", key.to_ascii_uppercase())).is_some();
+            if !set {
+                if let Ok(key) = key.parse::<ClientConfigKey>() {
+                    builder = builder.with_config(AmazonS3ConfigKey::Client(key), default);
+                }
+            }
+        }
+        let store = builder
             .build()
             .map_err(|e| {
                 Error::invalid(format!(
@@ -281,15 +305,20 @@ impl Bucket {
         let mut file = temp.file();
         let key = self.key(name);
         let fetched: Result<()> = block_on(async {
-            let result = self
+            let size = self
                 .store
-                .get(&key)
+                .head(&key)
                 .await
-                .map_err(|e| self.error("read", name, e))?;
-            let mut stream = result.into_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| self.error("read", name, e))?;
-                file.write_all(&chunk).at("cannot write", temp.path())?;
+                .map_err(|e| self.error("look up", name, e))?
+                .size;
+            let ranges = (0..size.div_ceil(RANGE_BYTES))
+                .map(|i| i * RANGE_BYTES..((i + 1) * RANGE_BYTES).min(size));
+            let mut parts = futures::stream::iter(ranges)
+                .map(|range| self.store.get_range(&key, range))
+                .buffered(PARTS_IN_FLIGHT);
+            while let Some(part) = parts.next().await {
+                let part = part.map_err(|e| self.error("read", name, e))?;
+                file.write_all(&part).at("cannot write", temp.path())?;
             }
             Ok(())
         })?;

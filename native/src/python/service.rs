@@ -18,7 +18,8 @@ use super::request::StreamRequest;
 use super::Runtime;
 use crate::error::Error;
 use crate::population::check_population_id;
-use crate::service::DatasetService as Engine;
+use crate::remote::is_url;
+use crate::service::{DatasetService as Engine, StateLocation};
 use crate::storage::publish::validate_name;
 use crate::stream::{StreamOptions, WorkerPool};
 
@@ -56,28 +57,61 @@ pub fn check_name(kind: &str, name: &str) -> PyResult<()> {
     validate_name(kind, name).py()
 }
 
+/// Where the store of a dataset lives, from the Python arguments.
+fn state_location(
+    state_dir: String,
+    mirror_dir: Option<PathBuf>,
+    create: bool,
+) -> crate::error::Result<StateLocation> {
+    if !is_url(&state_dir) {
+        return Ok(StateLocation::Dir(PathBuf::from(state_dir)));
+    }
+    let Some(mirror) = mirror_dir else {
+        return Err(Error::invalid(format!(
+            "a population store on object storage ({state_dir}) needs mirror_dir: a local \
+             directory where this process keeps the populations it maps"
+        )));
+    };
+    if !create {
+        return Err(Error::invalid(format!(
+            "create=False opens a store only on a local state dir, not on object storage \
+             ({state_dir})"
+        )));
+    }
+    Ok(StateLocation::Bucket {
+        url: state_dir,
+        mirror,
+    })
+}
+
 #[pymethods]
 impl DatasetService {
     /// `create=False` opens only a store that exists with an active
     /// population, writing nothing (`NotFoundError` otherwise).
     #[new]
-    #[pyo3(signature = (runtime, name, paths, state_dir, *, validate_cache=false, create=true))]
+    ///
+    /// `state_dir` is a directory, or object storage (`s3://bucket/prefix`,
+    /// credentials from the environment) mirrored into `mirror_dir`.
+    #[pyo3(signature = (runtime, name, paths, state_dir, *, validate_cache=false, create=true, mirror_dir=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         runtime: &Runtime,
         name: String,
         paths: Vec<PathBuf>,
-        state_dir: PathBuf,
+        state_dir: String,
         validate_cache: bool,
         create: bool,
+        mirror_dir: Option<PathBuf>,
     ) -> PyResult<Self> {
-        let open = if create {
-            Engine::open
-        } else {
-            Engine::open_existing
-        };
+        let state = state_location(state_dir, mirror_dir, create).py()?;
         let inner = py
-            .detach(|| open(&name, &paths, &state_dir, validate_cache))
+            .detach(|| match (&state, create) {
+                (StateLocation::Dir(dir), false) => {
+                    Engine::open_existing(&name, &paths, dir, validate_cache)
+                }
+                _ => Engine::open_at(&name, &paths, &state, validate_cache),
+            })
             .py()?;
         Ok(DatasetService {
             inner: Arc::new(inner),

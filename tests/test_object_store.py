@@ -1,0 +1,299 @@
+"""Population stores on S3-compatible object storage (issue 24), against a real
+store: a one-node Ceph radosgw started for the session (tests/ceph_s3.py).
+
+Replicas here are `DatasetService`s with their own mirror directories over the
+same bucket prefix and the same caches: they share nothing on disk but the
+caches' bytes. The bucket is inspected with boto3, a client independent of ours.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from ceph_s3 import CephS3, free_port, missing_binaries
+from conftest import ListSource, make_records, write
+
+import dataset_rt as drt
+from dataset_rt.service import DatasetService, StreamRequest
+
+N = 12
+NAME = "objects"
+POLL_SECONDS = 1.0  # population/remote.rs POLL
+WAIT_SECONDS = 60.0
+
+boto3 = pytest.importorskip("boto3")
+botocore_exceptions = pytest.importorskip("botocore.exceptions")
+
+
+@pytest.fixture(scope="session")
+def ceph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CephS3]:
+    missing = missing_binaries()
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the object-storage tests; missing {missing} (.ci/run)")
+        pytest.skip(f"Ceph is not installed (missing {', '.join(missing)}); .ci/run installs it")
+    with CephS3(tmp_path_factory.mktemp("ceph")) as store:
+        yield store
+
+
+@pytest.fixture
+def s3(ceph: CephS3, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A boto3 client of the store, with our engine's environment pointing at it."""
+    for key, value in ceph.environment().items():
+        monkeypatch.setenv(key, value)
+    env = ceph.environment()
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_REGION"],
+    )
+
+
+@pytest.fixture
+def bucket(s3: Any) -> str:
+    name = f"drt-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write(tmp_path_factory.mktemp("objects"), ListSource("pop", make_records(N)))
+
+
+def replica(runtime: drt.DatasetRuntime, cache: Path, url: str, mirror: Path) -> DatasetService:
+    return DatasetService(runtime.native, NAME, [str(cache)], url, mirror_dir=str(mirror))
+
+
+def keys(s3: Any, bucket: str, part: str) -> list[str]:
+    """The keys of ``bucket`` whose path has the segment ``part``, sorted."""
+    found: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        found += [o["Key"] for o in page.get("Contents", []) if f"/{part}/" in o["Key"]]
+    return sorted(found)
+
+
+def reweighted(service: DatasetService, weight: float) -> pa.Table:
+    table = pa.table(service.metadata())
+    at = table.schema.get_field_index("weight")
+    return table.set_column(at, "weight", pa.array([weight] * table.num_rows, pa.float64()))
+
+
+def epoch(service: DatasetService, population: str | None = None) -> pa.Table:
+    keys_ = {"dataset": NAME, "seed": 7, "epoch": 0}
+    if population:
+        keys_ |= {"population": population, "epoch_len": N}
+    request = service.pin(StreamRequest(**keys_))
+    return pa.RecordBatchReader.from_stream(service.stream(request.for_rank(0))).read_all()
+
+
+def wait_for_active(service: DatasetService, population: str) -> float:
+    start = time.monotonic()
+    while service.active().population != population:
+        assert time.monotonic() - start < WAIT_SECONDS, "the activation never arrived"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+# -- the store itself -----------------------------------------------------------
+
+
+def test_the_store_enforces_create_only_writes(s3: Any, bucket: str) -> None:
+    """What the design relies on (If-None-Match: *), checked without our code, and
+    what it avoids: radosgw 16 refuses If-Match with the quoted ETag S3 returns."""
+    etag = s3.put_object(Bucket=bucket, Key="k", Body=b"one", IfNoneMatch="*")["ETag"]
+    with pytest.raises(botocore_exceptions.ClientError) as refused:
+        s3.put_object(Bucket=bucket, Key="k", Body=b"two", IfNoneMatch="*")
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    with pytest.raises(botocore_exceptions.ClientError):
+        s3.put_object(Bucket=bucket, Key="k", Body=b"three", IfMatch=etag)
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"one"
+
+
+# -- populations ----------------------------------------------------------------
+
+
+def test_a_replica_serves_what_another_stored_and_activated(
+    runtime: drt.DatasetRuntime, cache: Path, bucket: str, s3: Any, tmp_path: Path
+) -> None:
+    url = f"s3://{bucket}/state"
+    a = replica(runtime, cache, url, tmp_path / "a")
+    b = replica(runtime, cache, url, tmp_path / "b")
+    # Both started on an empty store: one default population, one activation.
+    assert a.active().population == b.active().population
+    assert len(keys(s3, bucket, "active")) == 1
+    population, rows = a.put(reweighted(a, 2.0), True)
+    assert rows == N
+    assert a.active().population == population  # at once on the replica that activated
+    waited = wait_for_active(b, population)
+    assert waited <= POLL_SECONDS + 0.5
+    # b had never seen it: it is fetched into b's mirror, checked, mapped, served alike.
+    assert epoch(b).equals(epoch(a))
+    assert pa.table(b.metadata()).equals(pa.table(a.metadata()))
+    assert (tmp_path / "b").rglob(f"{population}.arrow")
+    assert sorted(b.populations()) == sorted(a.populations())
+    stored = keys(s3, bucket, "populations")
+    assert any(k.endswith(f"{population}.arrow") for k in stored)
+    assert any(k.endswith(f"{population}.rows") for k in stored)
+    # A cold replica (empty mirror) starts on the store's active population.
+    c = replica(runtime, cache, url, tmp_path / "c")
+    assert c.active().population == population
+    assert epoch(c).equals(epoch(a))
+
+
+def test_set_epoch_len_and_claims_go_through_the_bucket(
+    runtime: drt.DatasetRuntime, cache: Path, bucket: str, tmp_path: Path
+) -> None:
+    url = f"s3://{bucket}/state"
+    a = replica(runtime, cache, url, tmp_path / "a")
+    b = replica(runtime, cache, url, tmp_path / "b")
+    assert a.set_epoch_len(5) == 5
+    deadline = time.monotonic() + WAIT_SECONDS
+    while b.active().epoch_len != 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    run = uuid.uuid4().hex
+    assert a.claim_run(run, after=0, epoch=0, position=0) == 1
+    # Every rank of one job claims from the same checkpoint: the same generation.
+    assert b.claim_run(run, after=0, epoch=0, position=0) == 1
+    assert b.claim_run(run, after=1, epoch=0, position=4) == 2
+    with pytest.raises(drt.FencedError, match="resumed elsewhere"):
+        a.check_run(run, 1)
+    a.check_run(run, 2)
+
+
+def test_removal_is_refused_on_object_storage(
+    runtime: drt.DatasetRuntime, cache: Path, bucket: str, tmp_path: Path
+) -> None:
+    a = replica(runtime, cache, f"s3://{bucket}/state", tmp_path / "a")
+    first = a.active().population
+    a.put(reweighted(a, 3.0), True)
+    with pytest.raises(drt.InvalidArgumentError, match="written once and never removed"):
+        a.remove_population(first)
+    assert first in a.populations()
+
+
+CONTENDER = textwrap.dedent(
+    """
+    import json, sys
+    import pyarrow as pa
+    import dataset_rt as drt
+    from dataset_rt.service import DatasetService
+
+    cache, url, mirror, weight0, count = sys.argv[1:6]
+    runtime = drt.DatasetRuntime(num_workers=1)
+    service = DatasetService(runtime.native, "objects", [cache], url, mirror_dir=mirror)
+    base = pa.table(service.metadata())
+    at = base.schema.get_field_index("weight")
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for i in range(int(count)):
+        weights = pa.array([float(weight0) + i] * base.num_rows, pa.float64())
+        population, _ = service.put(base.set_column(at, "weight", weights), True)
+        print(json.dumps(population), flush=True)
+    """
+)
+
+
+def test_concurrent_activations_from_two_replicas_each_get_their_own_entry(
+    cache: Path, bucket: str, s3: Any, tmp_path: Path
+) -> None:
+    """Two processes (replicas with their own mirrors) activate at once: every
+    acknowledged activation is an entry of the log (none overwritten by a
+    last-writer-wins put), and the newest entry is what every replica serves."""
+    url = f"s3://{bucket}/state"
+    count = 8
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                CONTENDER,
+                str(cache),
+                url,
+                str(tmp_path / f"m{i}"),
+                str(10.0 + 100 * i),
+                str(count),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        acknowledged = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=WAIT_SECONDS * 2)
+            assert proc.returncode == 0
+            acknowledged += [line.strip('"') for line in out.split()]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert len(acknowledged) == 2 * count
+    log = keys(s3, bucket, "active")
+    # One entry for the first start (the two replicas raced for it too), one per activation.
+    assert len(log) == 1 + 2 * count
+    logged = [
+        s3.get_object(Bucket=bucket, Key=k)["Body"].read().decode().split('"population":"')[1][:32]
+        for k in log[1:]
+    ]
+    assert sorted(logged) == sorted(acknowledged)
+    runtime = drt.DatasetRuntime(num_workers=1)
+    assert replica(runtime, cache, url, tmp_path / "late").active().population == logged[-1]
+
+
+# -- when the store is away -------------------------------------------------------
+
+
+def test_an_unreachable_store_is_store_unavailable(
+    runtime: drt.DatasetRuntime, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    for key, value in (("AWS_ACCESS_KEY_ID", "k"), ("AWS_SECRET_ACCESS_KEY", "s")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    start = time.monotonic()
+    with pytest.raises(drt.StoreUnavailableError, match=r"could not .* reachable"):
+        replica(runtime, cache, "s3://nowhere/state", tmp_path / "m")
+    assert time.monotonic() - start < WAIT_SECONDS
+    assert isinstance(drt.StoreUnavailableError("x"), drt.CacheIOError)
+
+
+def test_a_store_that_goes_away_and_returns(
+    runtime: drt.DatasetRuntime, cache: Path, ceph: CephS3, bucket: str, tmp_path: Path
+) -> None:
+    """While the gateway is down an activation fails as StoreUnavailableError and
+    changes nothing; when it is back, the same replica works on."""
+    a = replica(runtime, cache, f"s3://{bucket}/state", tmp_path / "a")
+    before = a.active().population
+    table = reweighted(a, 4.0)
+    ceph.stop_gateway()
+    try:
+        with pytest.raises(drt.StoreUnavailableError):
+            a.put(table, True)
+    finally:
+        ceph.start_gateway()
+    time.sleep(POLL_SECONDS)
+    assert a.active().population == before
+    population, _ = a.put(table, True)
+    assert a.active().population == population != before
