@@ -57,31 +57,29 @@ pub fn check_name(kind: &str, name: &str) -> PyResult<()> {
     validate_name(kind, name).py()
 }
 
-/// Where the store of a dataset lives, from the Python arguments.
+/// Where the store of a dataset lives, from the Python arguments (a path, or
+/// an `s3://` URL given as a string).
 fn state_location(
-    state_dir: String,
+    state_dir: PathBuf,
     mirror_dir: Option<PathBuf>,
     create: bool,
 ) -> crate::error::Result<StateLocation> {
-    if !is_url(&state_dir) {
-        return Ok(StateLocation::Dir(PathBuf::from(state_dir)));
-    }
+    let Some(url) = state_dir.to_str().filter(|s| is_url(s)).map(str::to_string) else {
+        return Ok(StateLocation::Dir(state_dir));
+    };
     let Some(mirror) = mirror_dir else {
         return Err(Error::invalid(format!(
-            "a population store on object storage ({state_dir}) needs mirror_dir: a local \
+            "a population store on object storage ({url}) needs mirror_dir: a local \
              directory where this process keeps the populations it maps"
         )));
     };
     if !create {
         return Err(Error::invalid(format!(
             "create=False opens a store only on a local state dir, not on object storage \
-             ({state_dir})"
+             ({url})"
         )));
     }
-    Ok(StateLocation::Bucket {
-        url: state_dir,
-        mirror,
-    })
+    Ok(StateLocation::Bucket { url, mirror })
 }
 
 #[pymethods]
@@ -99,7 +97,7 @@ impl DatasetService {
         runtime: &Runtime,
         name: String,
         paths: Vec<PathBuf>,
-        state_dir: String,
+        state_dir: PathBuf,
         validate_cache: bool,
         create: bool,
         mirror_dir: Option<PathBuf>,
