@@ -113,15 +113,13 @@ impl Bucket {
                 }
             }
         }
-        let store = builder
-            .build()
-            .map_err(|e| {
-                Error::invalid(format!(
-                    "cannot use object storage at {url}: {e}; set AWS_ENDPOINT_URL (and \
+        let store = builder.build().map_err(|e| {
+            Error::invalid(format!(
+                "cannot use object storage at {url}: {e}; set AWS_ENDPOINT_URL (and \
                      AWS_ALLOW_HTTP=true for a plain-HTTP endpoint), AWS_REGION and the \
                      credentials in the environment"
-                ))
-            })?;
+            ))
+        })?;
         Ok(Bucket {
             store: Arc::new(store),
             root: Key::parse(prefix.trim_end_matches('/'))
