@@ -63,6 +63,17 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _upload(args: argparse.Namespace) -> int:
+    """Publish a cache on object storage (credentials from the AWS_* environment)."""
+    report = _native.upload_cache(str(args.cache), args.url, show_progress=sys.stderr.isatty())
+    done = "uploaded" if report.uploaded else "already published, nothing sent"
+    print(
+        f"ok: {args.cache} -> {report.url}: {done} ({_human_bytes(report.bytes)}, "
+        f"cache_id {report.cache_id}, version {report.version})"
+    )
+    return 0
+
+
 def _load_sources(spec: str) -> list[object]:
     """``module:attr`` -> the sources it names (an instance, a class, a factory or a list)."""
     import importlib
@@ -213,6 +224,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     ingest.add_argument("--num-workers", type=_positive_int, default=2, help="Rust workers")
     ingest.set_defaults(run=_import)
+    upload_help = (
+        "publish a cache on S3-compatible object storage as URL/NAME (URL is "
+        "s3://BUCKET/PREFIX; credentials and endpoint from the AWS_* environment): verified "
+        "in full, uploaded, then published at once; a published cache is never replaced"
+    )
+    upload = commands.add_parser("upload", help=upload_help, description=upload_help)
+    upload.add_argument("cache", type=Path, help="a cache directory")
+    upload.add_argument("url", help="s3://BUCKET/PREFIX (the cache goes to URL/NAME)")
+    upload.set_defaults(run=_upload)
     add_audit_parser(commands)
     demo_help = "write a demo cache (or reuse it), reweight it with Polars, read a balanced epoch"
     demo = commands.add_parser("demo", help=demo_help, description=demo_help)

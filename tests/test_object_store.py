@@ -297,3 +297,85 @@ def test_a_store_that_goes_away_and_returns(
     assert a.active().population == before
     population, _ = a.put(table, True)
     assert a.active().population == population != before
+
+
+# -- caches -----------------------------------------------------------------------
+
+
+def test_upload_publishes_a_cache_once_with_its_files_first(
+    cache: Path, bucket: str, s3: Any
+) -> None:
+    url = f"s3://{bucket}/caches"
+    report = drt._native.upload_cache(str(cache), url)
+    assert report.uploaded
+    assert report.url == f"{url}/pop"
+    info = drt._native.inspect_cache(str(cache))
+    assert report.cache_id == info.cache_id
+    prefix = f"caches/pop/{report.version}/"
+    listed = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    files = sorted(p.name for p in cache.iterdir())
+    assert listed == {prefix + f for f in files} | {"caches/pop/published.json"}
+    for name in files:
+        body = s3.get_object(Bucket=bucket, Key=prefix + name)["Body"].read()
+        assert body == (cache / name).read_bytes(), name
+    # The same cache again: nothing sent; the CLI says so.
+    assert not drt._native.upload_cache(str(cache), url).uploaded
+    done = subprocess.run(
+        [sys.executable, "-m", "dataset_rt", "upload", str(cache), url],
+        capture_output=True, text=True, timeout=WAIT_SECONDS, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "already published" in done.stdout
+
+
+def test_another_cache_of_the_same_name_is_refused(
+    cache: Path, bucket: str, s3: Any, tmp_path: Path
+) -> None:
+    url = f"s3://{bucket}/caches"
+    other = write(tmp_path, ListSource("pop", make_records(N + 1, seed=5)))
+    drt._native.upload_cache(str(cache), url)
+    before = s3.list_objects_v2(Bucket=bucket)["KeyCount"]
+    with pytest.raises(drt.InvalidArgumentError, match="already holds another cache"):
+        drt._native.upload_cache(str(other), url)
+    assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == before
+
+
+def test_two_caches_uploaded_under_one_name_at_once_publish_one(
+    bucket: str, s3: Any, tmp_path: Path
+) -> None:
+    script = "import sys, dataset_rt as drt; drt._native.upload_cache(sys.argv[1], sys.argv[2])"
+    for round_ in range(2):
+        url = f"s3://{bucket}/race{round_}"
+        caches = [
+            write(tmp_path / f"{round_}-{i}", ListSource("pop", make_records(N, seed=10 + i)))
+            for i in range(2)
+        ]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(c), url],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for c in caches
+        ]
+        results = [(p.wait(timeout=WAIT_SECONDS), p.communicate()[1]) for p in procs]
+        assert sorted(code for code, _ in results) == [0, 1], results
+        assert any("already holds another cache" in err for _, err in results)
+        body = s3.get_object(Bucket=bucket, Key=f"race{round_}/pop/published.json")["Body"]
+        published = body.read().decode()
+        here = [k for k in keys(s3, bucket, "pop") if k.startswith(f"race{round_}/")]
+        versions = {k.split("/")[2] for k in here if k.count("/") == 3}
+        assert len(versions) == 1, "the losing upload's files were removed"
+        assert next(iter(versions)) in published
+
+
+def test_a_damaged_cache_is_not_uploaded(bucket: str, s3: Any, tmp_path: Path) -> None:
+    damaged = write(tmp_path, ListSource("pop", make_records(N)))
+    shard = damaged / "shard-00000.bin"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(drt.CorruptCacheError):
+        drt._native.upload_cache(str(damaged), f"s3://{bucket}/caches")
+    assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0

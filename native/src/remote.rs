@@ -255,15 +255,21 @@ impl Bucket {
     /// object appears whole or not at all (S3 publishes a put, or the
     /// completion of a multipart upload, atomically).
     pub fn upload(&self, path: &Path, name: &str) -> Result<()> {
+        self.upload_counted(path, name, &|_| {})
+    }
+
+    /// `upload`, telling `sent` of each piece of the file as it goes out.
+    pub fn upload_counted(&self, path: &Path, name: &str, sent: &dyn Fn(u64)) -> Result<()> {
         let key = self.key(name);
         let mut file = fs::File::open(path).at("cannot open", path)?;
         let size = file.metadata().at("cannot stat", path)?.len();
         if size <= SINGLE_PUT_BYTES {
             let mut bytes = Vec::with_capacity(size as usize);
             file.read_to_end(&mut bytes).at("cannot read", path)?;
-            return block_on(self.store.put(&key, PutPayload::from(bytes)))?
-                .map(|_| ())
-                .map_err(|e| self.error("write", name, e));
+            block_on(self.store.put(&key, PutPayload::from(bytes)))?
+                .map_err(|e| self.error("write", name, e))?;
+            sent(size);
+            return Ok(());
         }
         let uploaded: std::result::Result<(), Error> = block_on(async {
             let upload = self
@@ -283,6 +289,7 @@ impl Bucket {
                     .await
                     .map_err(|e| self.error("upload", name, e))?;
                 writer.write(&buffer[..read]);
+                sent(read as u64);
             }
             writer
                 .finish()

@@ -19,6 +19,41 @@ pub struct VerifyReport {
     records: u64,
 }
 
+/// What `upload_cache` did.
+#[pyclass(frozen, get_all, module = "dataset_rt._native")]
+pub struct UploadReport {
+    /// Where readers find the cache: `<url>/<name>`.
+    url: String,
+    cache_id: u64,
+    /// The key prefix of its files below `url`.
+    version: String,
+    bytes: u64,
+    /// False when exactly this cache was already published there.
+    uploaded: bool,
+}
+
+/// Publish the cache at `path` on object storage under `url` (`s3://bucket/prefix`):
+/// verified in full, its files uploaded, then published (docs/storage-format.md).
+#[pyfunction]
+#[pyo3(signature = (path, url, *, show_progress=false))]
+pub fn upload_cache(
+    py: Python<'_>,
+    path: PathBuf,
+    url: String,
+    show_progress: bool,
+) -> PyResult<UploadReport> {
+    let done = py
+        .detach(|| crate::storage::upload::upload_cache(&path, &url, show_progress))
+        .py()?;
+    Ok(UploadReport {
+        url: done.url,
+        cache_id: done.cache_id,
+        version: done.version,
+        bytes: done.bytes,
+        uploaded: done.uploaded,
+    })
+}
+
 /// One payload shard of a cache.
 #[pyclass(frozen, get_all, module = "dataset_rt._native")]
 pub struct ShardInfo {

@@ -70,6 +70,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::WriteOptions>()?;
     m.add_class::<config::CompressionOptions>()?;
     m.add_class::<cache::VerifyReport>()?;
+    m.add_class::<cache::UploadReport>()?;
     m.add_class::<cache::CacheInfo>()?;
     m.add_class::<cache::ShardInfo>()?;
     m.add_function(wrap_pyfunction!(request::parse_ticket, m)?)?;
@@ -81,6 +82,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::WriteProfiler>()?;
     m.add_function(wrap_pyfunction!(cache::check_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cache::verify_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::upload_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cache::inspect_cache, m)?)?;
     errors::register(m)?;
     Ok(())

@@ -25,6 +25,7 @@ pub(crate) mod publish;
 mod schema;
 mod slab;
 pub(crate) mod temp;
+pub mod upload;
 mod writeback;
 mod writer;
 
