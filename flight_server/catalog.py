@@ -12,15 +12,16 @@ from flight_server.errors import ProtocolError, Redactor
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """``NAME=CACHE_DIR[,CACHE_DIR...]`` from the command line."""
+    """``NAME=CACHE[,CACHE...]`` from the command line: a cache directory, or a
+    cache published on object storage (``s3://BUCKET/PREFIX/NAME``, kept as text)."""
 
     name: str
-    caches: tuple[Path, ...]
+    caches: tuple[Path | str, ...]
 
     @classmethod
     def parse(cls, text: str) -> DatasetSpec:
         name, sep, dirs = text.partition("=")
-        paths = tuple(Path(d) for d in dirs.split(",") if d)
+        paths = tuple(d if d.startswith("s3://") else Path(d) for d in dirs.split(",") if d)
         if not sep or not name or not paths:
             raise ValueError(
                 f"--dataset {text!r} is malformed; expected NAME=CACHE_DIR[,CACHE_DIR...]"
@@ -57,7 +58,11 @@ class Catalog:
         # The server's own paths, named in what clients see instead.
         private = {self.local_dir: "<state>"}
         for spec in specs:
-            private |= {Path(cache): f"<cache {Path(cache).name}>" for cache in spec.caches}
+            private |= {
+                Path(cache): f"<cache {Path(cache).name}>"
+                for cache in spec.caches
+                if isinstance(cache, Path)
+            }
         self.redact = Redactor(private)
         self._services = {
             spec.name: engine.DatasetService(

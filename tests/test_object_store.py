@@ -96,7 +96,12 @@ def epoch(service: DatasetService, population: str | None = None) -> pa.Table:
     if population:
         keys_ |= {"population": population, "epoch_len": N}
     request = service.pin(StreamRequest(**keys_))
-    return pa.RecordBatchReader.from_stream(service.stream(request.for_rank(0))).read_all()
+    stream = service.stream(request.for_rank(0))
+    try:
+        return pa.RecordBatchReader.from_stream(stream).read_all()
+    except pa.ArrowInvalid:
+        stream.raise_failure()  # the engine's own error class
+        raise
 
 
 def wait_for_active(service: DatasetService, population: str) -> float:
@@ -379,3 +384,46 @@ def test_a_damaged_cache_is_not_uploaded(bucket: str, s3: Any, tmp_path: Path) -
     with pytest.raises(drt.CorruptCacheError):
         drt._native.upload_cache(str(damaged), f"s3://{bucket}/caches")
     assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
+
+
+def test_replicas_read_a_published_cache_through_their_mirrors(
+    runtime: drt.DatasetRuntime, cache: Path, bucket: str, s3: Any, tmp_path: Path
+) -> None:
+    """No replica has the cache's directory: each reads it from the bucket through
+    its own mirror (manifest, index and metadata at open, a shard when first read),
+    and serves what a server over the local directory serves."""
+    report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
+    local = DatasetService(runtime.native, NAME, [str(cache)], str(tmp_path / "local"))
+    state = f"s3://{bucket}/state"
+    a = DatasetService(runtime.native, NAME, [report.url], state, mirror_dir=str(tmp_path / "a"))
+    assert a.cache_ids == local.cache_ids
+    shards = list((tmp_path / "a").rglob("shard-*.bin"))
+    assert shards == [], "shards are fetched when first read, not at open"
+    expected = epoch(local)
+    assert epoch(a).equals(expected)
+    assert list((tmp_path / "a").rglob("shard-*.bin"))
+    b = DatasetService(runtime.native, NAME, [report.url], state, mirror_dir=str(tmp_path / "b"))
+    assert epoch(b).equals(expected)
+    assert pa.table(b.metadata()).equals(pa.table(local.metadata()))
+
+
+def test_a_damaged_object_is_refused_as_corrupt(
+    runtime: drt.DatasetRuntime, cache: Path, bucket: str, s3: Any, tmp_path: Path
+) -> None:
+    report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
+    key = f"caches/pop/{report.version}/shard-00000.bin"
+    data = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 0xFF
+    s3.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    service = DatasetService(
+        runtime.native, NAME, [report.url], str(tmp_path / "state"), mirror_dir=None
+    )
+    with pytest.raises(drt.CorruptCacheError, match="fails its checksum"):
+        epoch(service)
+
+
+def test_a_missing_cache_url_is_not_found(
+    runtime: drt.DatasetRuntime, bucket: str, tmp_path: Path
+) -> None:
+    with pytest.raises(drt.NotFoundError, match="python -m dataset_rt upload"):
+        DatasetService(runtime.native, NAME, [f"s3://{bucket}/none/pop"], str(tmp_path / "s"))

@@ -83,7 +83,12 @@ impl DatasetService {
         verify: bool,
     ) -> Result<Self> {
         validate_name("dataset", name)?;
-        let caches = LiveCaches::open(paths, verify)?;
+        // Caches on object storage are read through a directory of this replica's.
+        let mirror = match state {
+            StateLocation::Dir(dir) => dir.join("cache-mirror"),
+            StateLocation::Bucket { mirror, .. } => mirror.join("caches"),
+        };
+        let caches = LiveCaches::open(paths, verify, Some(&mirror))?;
         let service = match state {
             StateLocation::Dir(dir) => Self::assemble(name, caches, dir, PopulationStore::open)?,
             StateLocation::Bucket { url, mirror } => {
@@ -153,7 +158,7 @@ impl DatasetService {
                 state_dir.display()
             )));
         }
-        let caches = LiveCaches::open(paths, verify)?;
+        let caches = LiveCaches::open(paths, verify, None)?;
         let service = Self::assemble(name, caches, state_dir, |dir| {
             PopulationStore::open_existing(dir).map_err(|e| match e {
                 Error::NotFound(_) => Error::NotFound(format!(

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::hash::xxh3_64;
 use arrow_array::{Array, RecordBatch};
@@ -16,9 +16,10 @@ use super::pread::append_exact_at;
 use super::schema::ColumnSpec;
 use super::slab::Slab;
 use super::LARGE_RECORD;
-use super::{hex64, INDEX_FILE, METADATA_FILE};
+use super::{hex64, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
 use crate::prefetch::prefetch_line;
+use crate::remote::Bucket;
 
 /// One open cache. Its shards, index and metadata are memory-mapped (their
 /// checksums verified when the cache is opened), so an open cache costs page
@@ -31,12 +32,64 @@ pub struct Cache {
     metadata: RecordBatch,
     /// The mapped `index.bin` and `metadata.arrow`, to tell a cut one.
     mapped_files: Vec<(&'static str, Arc<MappedFile>)>,
-    shards: Vec<Option<MappedFile>>,
-    /// The same shards as files, for positioned reads of large records.
-    files: Vec<File>,
+    /// Opened with the cache, or (on object storage) when first read.
+    shards: Vec<OnceLock<Shard>>,
     shard_paths: Vec<PathBuf>,
-    /// Each shard file's (device, inode) when it was opened.
-    identities: Vec<(u64, u64)>,
+    /// Where shards not in `dir` yet come from (a cache on object storage),
+    /// with one lock per shard so that one fetch does not wait for another.
+    remote: Option<(Bucket, Vec<Mutex<()>>)>,
+}
+
+/// One open shard file.
+struct Shard {
+    /// None for an empty shard.
+    map: Option<MappedFile>,
+    /// The same file, for positioned reads of large records.
+    file: File,
+    /// The file's (device, inode) when it was opened.
+    identity: (u64, u64),
+}
+
+impl Shard {
+    /// Open the shard `entry` at `path`, checked against the manifest's
+    /// length (and with `verify`, its checksum).
+    fn open(path: &Path, entry: &FileEntry, verify: bool) -> Result<Shard> {
+        let file = File::open(path).map_err(|e| {
+            Error::corrupt(
+                path,
+                format!("cannot open shard listed in the manifest: {e}"),
+            )
+        })?;
+        let stat = file.metadata().at("cannot stat", path)?;
+        let len = stat.len();
+        if len != entry.bytes {
+            return Err(Error::corrupt(
+                path,
+                format!("{len} bytes, the manifest says {}", entry.bytes),
+            ));
+        }
+        // Cache files are immutable once published; one cut short under
+        // the mapping anyway is survived (`mapped`) and reported.
+        let map = if len == 0 {
+            None
+        } else {
+            let map = MappedFile::map(&file).at("cannot memory-map", path)?;
+            // Records are read at random: 2 MiB pages where the page cache
+            // has them (see `crate::prefetch::huge_pages`); only a hint.
+            #[cfg(target_os = "linux")]
+            let _ = map.advise(memmap2::Advice::HugePage);
+            Some(map)
+        };
+        if verify {
+            let digest = hex64(xxh3_64(map.as_deref().unwrap_or(&[])));
+            check_digest(path, &entry.xxh3, &digest)?;
+        }
+        Ok(Shard {
+            map,
+            file,
+            identity: identity(&stat),
+        })
+    }
 }
 
 const CACHE_LINE: usize = 64;
@@ -56,6 +109,49 @@ impl Cache {
     /// Open `dir`, checking its structure and the small files' checksums. With
     /// `verify_shards`, every shard's full checksum is verified too.
     pub fn open(dir: &Path, verify_shards: bool) -> Result<Self> {
+        Self::open_from(dir, verify_shards, None)
+    }
+
+    /// Open the cache published at `bucket` (`<url>/<name>`, see `upload`)
+    /// through the local directory `mirror`: its manifest, index and metadata
+    /// are fetched now (once), each shard when a read first needs it. Every
+    /// record is verified by its checksum when read, as from a local cache.
+    pub fn open_remote(bucket: &Bucket, mirror: &Path) -> Result<Self> {
+        let published = super::upload::Published::read(bucket)?.ok_or_else(|| {
+            Error::NotFound(format!(
+                "no cache is published at {}; publish one with `python -m dataset_rt upload \
+                 CACHE_DIR URL`",
+                bucket.url()
+            ))
+        })?;
+        let name = bucket.url().rsplit('/').next().unwrap_or("cache");
+        let dir = mirror
+            .join(hex64(xxh3_64(bucket.url().as_bytes())))
+            .join(&published.version)
+            .join(name);
+        let files = bucket.child(&published.version);
+        for file in [MANIFEST_FILE, INDEX_FILE, METADATA_FILE] {
+            if !dir.join(file).exists() {
+                files.download(file, &dir.join(file))?;
+            }
+        }
+        let cache = Self::open_from(&dir, false, Some(files))?;
+        if cache.cache_id() != published.cache_id {
+            return Err(Error::corrupt(
+                &dir,
+                format!(
+                    "the manifest fetched from {} names cache_id {}, its publication record {}",
+                    bucket.url(),
+                    hex64(cache.cache_id()),
+                    hex64(published.cache_id)
+                ),
+            ));
+        }
+        Ok(cache)
+    }
+
+    /// Open `dir`; its shards now, or with `remote` when first read.
+    fn open_from(dir: &Path, verify_shards: bool, remote: Option<Bucket>) -> Result<Self> {
         if !dir.exists() {
             return Err(Error::NotFound(format!(
                 "cache directory {} does not exist; check the path, or write the cache first",
@@ -94,48 +190,21 @@ impl Cache {
             .map(|m| (INDEX_FILE, m.clone()))
             .chain([(METADATA_FILE, metadata_map)])
             .collect();
-        let mut shards = Vec::with_capacity(manifest.shards.len());
-        let mut shard_paths = Vec::with_capacity(manifest.shards.len());
-        let mut files = Vec::with_capacity(manifest.shards.len());
-        let mut identities = Vec::with_capacity(manifest.shards.len());
-        for entry in &manifest.shards {
-            let path = dir.join(&entry.file);
-            let file = File::open(&path).map_err(|e| {
-                Error::corrupt(
-                    &path,
-                    format!("cannot open shard listed in the manifest: {e}"),
-                )
-            })?;
-            let stat = file.metadata().at("cannot stat", &path)?;
-            let len = stat.len();
-            if len != entry.bytes {
-                return Err(Error::corrupt(
-                    &path,
-                    format!("{len} bytes, the manifest says {}", entry.bytes),
-                ));
-            }
-            // Cache files are immutable once published; one cut short under
-            // the mapping anyway is survived (`mapped`) and reported.
-            let map = if len == 0 {
-                None
-            } else {
-                let map = MappedFile::map(&file).at("cannot memory-map", &path)?;
-                // Records are read at random: 2 MiB pages where the page cache
-                // has them (see `crate::prefetch::huge_pages`); only a hint.
-                #[cfg(target_os = "linux")]
-                let _ = map.advise(memmap2::Advice::HugePage);
-                Some(map)
-            };
-            if verify_shards {
-                let digest = hex64(xxh3_64(map.as_deref().unwrap_or(&[])));
-                check_digest(&path, &entry.xxh3, &digest)?;
-            }
-            shards.push(map);
-            files.push(file);
-            shard_paths.push(path);
-            identities.push(identity(&stat));
-        }
+        let shard_paths: Vec<PathBuf> = manifest.shards.iter().map(|e| dir.join(&e.file)).collect();
+        let shards = match &remote {
+            Some(_) => manifest.shards.iter().map(|_| OnceLock::new()).collect(),
+            None => manifest
+                .shards
+                .iter()
+                .zip(&shard_paths)
+                .map(|(entry, path)| Shard::open(path, entry, verify_shards).map(OnceLock::from))
+                .collect::<Result<Vec<_>>>()?,
+        };
         check_index_bounds(&index_path, &index, &manifest.shards)?;
+        let remote = remote.map(|bucket| {
+            let locks = manifest.shards.iter().map(|_| Mutex::new(())).collect();
+            (bucket, locks)
+        });
         Ok(Cache {
             dir: dir.to_path_buf(),
             manifest,
@@ -143,10 +212,44 @@ impl Cache {
             metadata,
             mapped_files,
             shards,
-            files,
             shard_paths,
-            identities,
+            remote,
         })
+    }
+
+    /// Shard `i`, fetched and opened first if it is on object storage and
+    /// not read yet (a shard already in the mirror is opened as it is).
+    fn shard(&self, i: usize) -> Result<&Shard> {
+        let slot = self
+            .shards
+            .get(i)
+            .ok_or_else(|| Error::internal(format!("shard {i} is out of range")))?;
+        if let Some(shard) = slot.get() {
+            return Ok(shard);
+        }
+        let Some((bucket, locks)) = &self.remote else {
+            return Err(Error::internal(format!("shard {i} was never opened")));
+        };
+        let _fetching = locks[i]
+            .lock()
+            .map_err(|_| Error::internal("a shard fetch lock was poisoned"))?;
+        if let Some(shard) = slot.get() {
+            return Ok(shard);
+        }
+        let entry = &self.manifest.shards[i];
+        let path = &self.shard_paths[i];
+        let present = std::fs::metadata(path).is_ok_and(|m| m.len() == entry.bytes);
+        if !present {
+            bucket.download(&entry.file, path)?;
+        }
+        let _ = slot.set(Shard::open(path, entry, false)?);
+        slot.get()
+            .ok_or_else(|| Error::internal(format!("shard {i} could not be kept")))
+    }
+
+    /// Shard `i` if it is open (never fetches: for hints).
+    fn open_shard(&self, i: usize) -> Option<&Shard> {
+        self.shards.get(i).and_then(OnceLock::get)
     }
 
     pub fn dir(&self) -> &Path {
@@ -202,7 +305,7 @@ impl Cache {
         if entry.stored_len >= LARGE_RECORD {
             return self.pread_into(sample_id, entry, out);
         }
-        let stored = self.stored_bytes(entry);
+        let stored = self.stored_bytes(entry)?;
         self.check_record(sample_id, entry, stored)?;
         if entry.stored_as_is() {
             out.extend_from_slice(stored);
@@ -224,7 +327,12 @@ impl Cache {
         if entry.stored_len >= LARGE_RECORD {
             return;
         }
-        let stored = self.stored_bytes(entry);
+        let Some(stored) = self
+            .open_shard(entry.shard as usize)
+            .map(|s| s.bytes(entry))
+        else {
+            return;
+        };
         // The first lines of a record: the hardware prefetcher follows a
         // sequential read once it has started.
         for line in stored.chunks(CACHE_LINE).take(PREFETCH_LINES) {
@@ -239,7 +347,7 @@ impl Cache {
     pub fn verify_in_place(&self, sample_id: u64) -> Result<bool> {
         match self.entry(sample_id) {
             Some(ref entry) if entry.stored_len >= LARGE_RECORD && entry.stored_as_is() => {
-                self.check_record(sample_id, entry, self.stored_bytes(entry))?;
+                self.check_record(sample_id, entry, self.stored_bytes(entry)?)?;
                 Ok(true)
             }
             _ => Ok(false),
@@ -247,10 +355,15 @@ impl Cache {
     }
 
     /// Record `sample_id`'s bytes in its memory-mapped shard when they are
-    /// stored as is (no codec), unverified: `verify_in_place` checks them.
+    /// stored as is (no codec), unverified: `verify_in_place` checks them
+    /// (and opens the shard; None until then).
     pub fn stored_as_is(&self, sample_id: u64) -> Option<&[u8]> {
         let entry = &self.entry(sample_id)?;
-        entry.stored_as_is().then(|| self.stored_bytes(entry))
+        if !entry.stored_as_is() {
+            return None;
+        }
+        self.open_shard(entry.shard as usize)
+            .map(|s| s.bytes(entry))
     }
 
     /// Ask for the index entry of `sample_id` (what `prefetch` reads first):
@@ -268,7 +381,7 @@ impl Cache {
             Error::corrupt(&self.shard_paths[shard], format!("record {sample_id}: {e}"))
         };
         let start = out.len();
-        let file = &self.files[shard];
+        let file = &self.shard(shard)?.file;
         if entry.stored_as_is() {
             let checked = append_exact_at(file, out, entry.raw_len as usize, entry.offset)
                 .map_err(read_error)
@@ -324,36 +437,37 @@ impl Cache {
         Ok(out)
     }
 
-    fn stored_bytes(&self, entry: &IndexEntry) -> &[u8] {
-        match self.shards.get(entry.shard as usize) {
-            Some(Some(map)) => {
-                &map[entry.offset as usize..(entry.offset + entry.stored_len) as usize]
-            }
-            _ => &[],
-        }
+    fn stored_bytes(&self, entry: &IndexEntry) -> Result<&[u8]> {
+        Ok(self.shard(entry.shard as usize)?.bytes(entry))
     }
 
     /// The first shard that a read found cut short under its mapping (see
     /// `mapped`): its pages past the cut read as zeros, so its records cannot
     /// be served from this `Cache` again; the cache must be reopened.
     pub fn truncated_shard(&self) -> Option<usize> {
-        self.shards
-            .iter()
-            .position(|map| map.as_ref().is_some_and(MappedFile::truncated))
+        self.shards.iter().position(|shard| {
+            shard
+                .get()
+                .is_some_and(|s| s.map.as_ref().is_some_and(MappedFile::truncated))
+        })
     }
 
     /// Whether a shard on disk is no longer the file that was opened: deleted,
     /// replaced (another inode), or of another length than the manifest's.
-    /// One `stat` per shard.
+    /// One `stat` per open shard (a shard of a cache on object storage that
+    /// was never read has no file to compare).
     pub fn files_changed(&self) -> bool {
         let entries = &self.manifest.shards;
         self.shard_paths
             .iter()
-            .zip(&self.identities)
+            .zip(&self.shards)
             .zip(entries)
-            .any(|((path, opened), entry)| {
-                std::fs::metadata(path)
-                    .map_or(true, |m| identity(&m) != *opened || m.len() != entry.bytes)
+            .any(|((path, shard), entry)| {
+                shard.get().is_some_and(|opened| {
+                    std::fs::metadata(path).map_or(true, |m| {
+                        identity(&m) != opened.identity || m.len() != entry.bytes
+                    })
+                })
             })
     }
 
@@ -409,7 +523,7 @@ impl Cache {
     fn verify_records(&self) -> Result<VerifyReport> {
         let mut bytes = self.manifest.index.bytes + self.manifest.metadata.bytes;
         for (i, entry) in self.manifest.shards.iter().enumerate() {
-            let data = self.shards[i].as_deref().unwrap_or(&[]);
+            let data = self.shard(i)?.map.as_deref().unwrap_or(&[]);
             check_digest(&self.shard_paths[i], &entry.xxh3, &hex64(xxh3_64(data)))?;
             bytes += entry.bytes;
         }
@@ -423,6 +537,15 @@ impl Cache {
             bytes,
             records: self.len(),
         })
+    }
+}
+
+impl Shard {
+    fn bytes(&self, entry: &IndexEntry) -> &[u8] {
+        match &self.map {
+            Some(map) => &map[entry.offset as usize..(entry.offset + entry.stored_len) as usize],
+            None => &[],
+        }
     }
 }
 
@@ -620,9 +743,30 @@ pub struct CacheSet {
 
 impl CacheSet {
     pub fn open(dirs: &[PathBuf], verify_shards: bool) -> Result<Self> {
-        let caches = dirs
+        Self::open_mirrored(dirs, verify_shards, None)
+    }
+
+    /// `open`, where a location may also be a cache on object storage
+    /// (`s3://bucket/prefix/name`), read through the directory `mirror`.
+    pub fn open_mirrored(
+        locations: &[PathBuf],
+        verify_shards: bool,
+        mirror: Option<&Path>,
+    ) -> Result<Self> {
+        let caches = locations
             .iter()
-            .map(|d| Cache::open(d, verify_shards).map(Arc::new))
+            .map(|location| {
+                let url = location.to_str().filter(|s| crate::remote::is_url(s));
+                match (url, mirror) {
+                    (None, _) => Cache::open(location, verify_shards),
+                    (Some(url), Some(mirror)) => Cache::open_remote(&Bucket::open(url)?, mirror),
+                    (Some(url), None) => Err(Error::invalid(format!(
+                        "the cache {url} is on object storage: give a mirror directory to \
+                         read it through"
+                    ))),
+                }
+                .map(Arc::new)
+            })
             .collect::<Result<Vec<_>>>()?;
         Self::new(caches)
     }

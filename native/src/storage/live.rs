@@ -12,7 +12,7 @@
 //! which cache is wrong, until it is repaired (checked again at most once a
 //! second). Streams already open keep the set they started with.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,8 @@ const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 pub struct LiveCaches {
     paths: Vec<PathBuf>,
     verify: bool,
+    /// Where caches on object storage are read through (`CacheSet::open_mirrored`).
+    mirror: Option<PathBuf>,
     state: Mutex<State>,
 }
 
@@ -39,11 +41,12 @@ struct State {
 }
 
 impl LiveCaches {
-    pub fn open(paths: &[PathBuf], verify: bool) -> Result<Self> {
-        let caches = Arc::new(CacheSet::open(paths, verify)?);
+    pub fn open(paths: &[PathBuf], verify: bool, mirror: Option<&Path>) -> Result<Self> {
+        let caches = Arc::new(CacheSet::open_mirrored(paths, verify, mirror)?);
         Ok(LiveCaches {
             paths: paths.to_vec(),
             verify,
+            mirror: mirror.map(Path::to_path_buf),
             state: Mutex::new(State {
                 caches,
                 damage: None,
@@ -88,7 +91,8 @@ impl LiveCaches {
     }
 
     fn reopen(&self, state: &mut State) {
-        let damage = match CacheSet::open(&self.paths, self.verify) {
+        let damage = match CacheSet::open_mirrored(&self.paths, self.verify, self.mirror.as_deref())
+        {
             Ok(fresh) if fresh.cache_ids() != state.caches.cache_ids() => Some(Error::corrupt(
                 &self.paths[0],
                 "the caches were replaced by other caches while the server ran; restart \
