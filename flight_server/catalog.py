@@ -71,7 +71,7 @@ class Catalog:
                 [str(p) for p in spec.caches],
                 self.state_dir,
                 validate_cache=validate_cache,
-                mirror_dir=str(mirror_dir) if remote else None,
+                mirror_dir=str(mirror_dir) if mirror_dir else None,
             )
             for spec in specs
         }

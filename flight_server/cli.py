@@ -67,8 +67,18 @@ def _parser() -> argparse.ArgumentParser:
         "--mirror-dir",
         type=Path,
         default=None,
-        help="with --state-dir s3://...: this replica's local copies of the populations it "
-        "maps (default DATA_DIR/mirror)",
+        help="this replica's local copies of what lives on object storage: the populations "
+        "of --state-dir s3://... and the shards of caches given as s3://... URLs "
+        "(default DATA_DIR/mirror)",
+    )
+    parser.add_argument(
+        "--mirror-max-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep at most N bytes of cache shards in the mirror, evicting the least recently "
+        "used; size it to the caches served (a smaller mirror fetches again every epoch) "
+        "(default 0: no bound)",
     )
     parser.add_argument(
         "--keep-populations",
@@ -263,6 +273,9 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
             "and replace populations",
             host,
         )
+    if args.mirror_max_bytes < 0:
+        raise SystemExit("--mirror-max-bytes must be 0 (no bound) or a positive byte count")
+    drt._native.set_mirror_budget(args.mirror_max_bytes)
     runtime = drt.DatasetRuntime(num_workers=args.num_workers)
     specs = [DatasetSpec.parse(text) for text in args.dataset]
     if not specs:

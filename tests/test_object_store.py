@@ -427,3 +427,29 @@ def test_a_missing_cache_url_is_not_found(
 ) -> None:
     with pytest.raises(drt.NotFoundError, match="python -m dataset_rt upload"):
         DatasetService(runtime.native, NAME, [f"s3://{bucket}/none/pop"], str(tmp_path / "s"))
+
+
+def test_the_mirror_keeps_at_most_its_budget_of_shards(
+    runtime: drt.DatasetRuntime, bucket: str, tmp_path: Path
+) -> None:
+    """A mirror smaller than the cache evicts the least recently used shards and
+    still serves every epoch exactly (an evicted shard is fetched again)."""
+    records = make_records(64, payload_size=4096)
+    sharded = write(tmp_path / "w", ListSource("pop", records), max_shard_bytes=16 * 1024)
+    shard_bytes = [p.stat().st_size for p in sharded.glob("shard-*.bin")]
+    assert len(shard_bytes) >= 8
+    report = drt._native.upload_cache(str(sharded), f"s3://{bucket}/caches")
+    local = DatasetService(runtime.native, NAME, [str(sharded)], str(tmp_path / "local"))
+    budget = 3 * max(shard_bytes)
+    drt._native.set_mirror_budget(budget)
+    try:
+        mirror = tmp_path / "m"
+        remote = DatasetService(
+            runtime.native, NAME, [report.url], f"s3://{bucket}/state", mirror_dir=str(mirror)
+        )
+        for _ in range(2):
+            assert epoch(remote).equals(epoch(local))
+            kept = sum(p.stat().st_size for p in (mirror / "caches").rglob("shard-*.bin"))
+            assert kept <= budget
+    finally:
+        drt._native.set_mirror_budget(0)

@@ -30,8 +30,12 @@ use crate::stream::{BatchContext, EpochStream, StreamCounters, StreamOptions, Wo
 /// Where a dataset's population store lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateLocation {
-    /// A directory (shared by replicas on one file system).
-    Dir(PathBuf),
+    /// A directory (shared by replicas on one file system); caches on object
+    /// storage are read through `mirror` (default `<dir>/cache-mirror`).
+    Dir {
+        dir: PathBuf,
+        mirror: Option<PathBuf>,
+    },
     /// Object storage at `url` (`s3://bucket/prefix`), mirrored into `mirror`.
     Bucket { url: String, mirror: PathBuf },
 }
@@ -69,7 +73,10 @@ impl DatasetService {
         Self::open_at(
             name,
             paths,
-            &StateLocation::Dir(state_dir.to_path_buf()),
+            &StateLocation::Dir {
+                dir: state_dir.to_path_buf(),
+                mirror: None,
+            },
             verify,
         )
     }
@@ -85,12 +92,16 @@ impl DatasetService {
         validate_name("dataset", name)?;
         // Caches on object storage are read through a directory of this replica's.
         let mirror = match state {
-            StateLocation::Dir(dir) => dir.join("cache-mirror"),
+            StateLocation::Dir { dir, mirror } => {
+                mirror.clone().unwrap_or_else(|| dir.join("cache-mirror"))
+            }
             StateLocation::Bucket { mirror, .. } => mirror.join("caches"),
         };
         let caches = LiveCaches::open(paths, verify, Some(&mirror))?;
         let service = match state {
-            StateLocation::Dir(dir) => Self::assemble(name, caches, dir, PopulationStore::open)?,
+            StateLocation::Dir { dir, .. } => {
+                Self::assemble(name, caches, dir, PopulationStore::open)?
+            }
             StateLocation::Bucket { url, mirror } => {
                 let bucket = Bucket::open(url)?;
                 Self::assemble(name, caches, mirror, |dir| {

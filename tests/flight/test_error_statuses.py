@@ -37,6 +37,7 @@ STATUSES: list[tuple[type[Exception], type[Exception]]] = [
     (drt.CorruptCacheError, flight.FlightInternalError),
     (drt.CacheIOError, flight.FlightInternalError),
     (drt.StorageFullError, flight.FlightUnavailableError),
+    (drt.StoreUnavailableError, flight.FlightUnavailableError),
     (drt.InternalError, flight.FlightInternalError),
     (drt.FencedError, flight.FlightCancelledError),
     (drt.SourceError, flight.FlightServerError),
@@ -71,6 +72,7 @@ def test_internal_errors_are_retried_by_the_client_and_user_errors_are_not() -> 
             drt.CorruptCacheError,
             drt.CacheIOError,
             drt.StorageFullError,
+            drt.StoreUnavailableError,
             drt.InternalError,
         )
         assert retried == internal, error.__name__

@@ -162,15 +162,15 @@ def test_not_ready_when_the_state_directory_is_gone(
     probed: tuple[DatasetFlightServer, ProbeServer], catalog: Catalog
 ) -> None:
     _, probes = probed
-    moved = catalog.state_dir.with_name("moved")
-    catalog.state_dir.rename(moved)
+    moved = catalog.local_dir.with_name("moved")
+    catalog.local_dir.rename(moved)
     try:
         status, text = http_get(probes.url + "/readyz")
         assert status == 503
         assert text.startswith("not ready: "), text
         assert http_get(probes.url + "/healthz")[0] == 200  # alive, just not ready
     finally:
-        moved.rename(catalog.state_dir)
+        moved.rename(catalog.local_dir)
     assert http_get(probes.url + "/readyz")[0] == 200
 
 

@@ -54,6 +54,13 @@ pub fn upload_cache(
     })
 }
 
+/// Bound the mirrors of caches on object storage in this process to `bytes`
+/// of shards, evicting the least recently used (0: no bound).
+#[pyfunction]
+pub fn set_mirror_budget(bytes: u64) {
+    crate::storage::mirror::set_budget(bytes);
+}
+
 /// One payload shard of a cache.
 #[pyclass(frozen, get_all, module = "dataset_rt._native")]
 pub struct ShardInfo {

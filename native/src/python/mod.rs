@@ -83,6 +83,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::check_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cache::verify_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cache::upload_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::set_mirror_budget, m)?)?;
     m.add_function(wrap_pyfunction!(cache::inspect_cache, m)?)?;
     errors::register(m)?;
     Ok(())

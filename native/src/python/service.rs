@@ -65,7 +65,10 @@ fn state_location(
     create: bool,
 ) -> crate::error::Result<StateLocation> {
     let Some(url) = state_dir.to_str().filter(|s| is_url(s)).map(str::to_string) else {
-        return Ok(StateLocation::Dir(state_dir));
+        return Ok(StateLocation::Dir {
+            dir: state_dir,
+            mirror: mirror_dir.map(|m| m.join("caches")),
+        });
     };
     let Some(mirror) = mirror_dir else {
         return Err(Error::invalid(format!(
@@ -105,7 +108,7 @@ impl DatasetService {
         let state = state_location(state_dir, mirror_dir, create).py()?;
         let inner = py
             .detach(|| match (&state, create) {
-                (StateLocation::Dir(dir), false) => {
+                (StateLocation::Dir { dir, .. }, false) => {
                     Engine::open_existing(&name, &paths, dir, validate_cache)
                 }
                 _ => Engine::open_at(&name, &paths, &state, validate_cache),

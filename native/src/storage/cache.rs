@@ -37,7 +37,15 @@ pub struct Cache {
     shard_paths: Vec<PathBuf>,
     /// Where shards not in `dir` yet come from (a cache on object storage),
     /// with one lock per shard so that one fetch does not wait for another.
-    remote: Option<(Bucket, Vec<Mutex<()>>)>,
+    remote: Option<Remote>,
+}
+
+/// The object storage a cache's shards are fetched from.
+struct Remote {
+    bucket: Bucket,
+    fetching: Vec<Mutex<()>>,
+    /// The mirror the shards go to, bounded as a whole (`mirror`).
+    mirror: PathBuf,
 }
 
 /// One open shard file.
@@ -135,7 +143,7 @@ impl Cache {
                 files.download(file, &dir.join(file))?;
             }
         }
-        let cache = Self::open_from(&dir, false, Some(files))?;
+        let cache = Self::open_from(&dir, false, Some((files, mirror.to_path_buf())))?;
         if cache.cache_id() != published.cache_id {
             return Err(Error::corrupt(
                 &dir,
@@ -151,7 +159,11 @@ impl Cache {
     }
 
     /// Open `dir`; its shards now, or with `remote` when first read.
-    fn open_from(dir: &Path, verify_shards: bool, remote: Option<Bucket>) -> Result<Self> {
+    fn open_from(
+        dir: &Path,
+        verify_shards: bool,
+        remote: Option<(Bucket, PathBuf)>,
+    ) -> Result<Self> {
         if !dir.exists() {
             return Err(Error::NotFound(format!(
                 "cache directory {} does not exist; check the path, or write the cache first",
@@ -201,9 +213,10 @@ impl Cache {
                 .collect::<Result<Vec<_>>>()?,
         };
         check_index_bounds(&index_path, &index, &manifest.shards)?;
-        let remote = remote.map(|bucket| {
-            let locks = manifest.shards.iter().map(|_| Mutex::new(())).collect();
-            (bucket, locks)
+        let remote = remote.map(|(bucket, mirror)| Remote {
+            bucket,
+            fetching: manifest.shards.iter().map(|_| Mutex::new(())).collect(),
+            mirror,
         });
         Ok(Cache {
             dir: dir.to_path_buf(),
@@ -227,10 +240,10 @@ impl Cache {
         if let Some(shard) = slot.get() {
             return Ok(shard);
         }
-        let Some((bucket, locks)) = &self.remote else {
+        let Some(remote) = &self.remote else {
             return Err(Error::internal(format!("shard {i} was never opened")));
         };
-        let _fetching = locks[i]
+        let _fetching = remote.fetching[i]
             .lock()
             .map_err(|_| Error::internal("a shard fetch lock was poisoned"))?;
         if let Some(shard) = slot.get() {
@@ -239,8 +252,11 @@ impl Cache {
         let entry = &self.manifest.shards[i];
         let path = &self.shard_paths[i];
         let present = std::fs::metadata(path).is_ok_and(|m| m.len() == entry.bytes);
-        if !present {
-            bucket.download(&entry.file, path)?;
+        if present {
+            super::mirror::touch(path);
+        } else {
+            remote.bucket.download(&entry.file, path)?;
+            super::mirror::evict(&remote.mirror, path);
         }
         let _ = slot.set(Shard::open(path, entry, false)?);
         slot.get()

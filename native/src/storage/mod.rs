@@ -18,6 +18,7 @@ mod index;
 mod live;
 mod manifest;
 pub mod mapped;
+pub mod mirror;
 mod pipeline;
 mod pread;
 mod profile;
