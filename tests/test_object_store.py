@@ -8,6 +8,7 @@ caches' bytes. The bucket is inspected with boto3, a client independent of ours.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -453,3 +454,47 @@ def test_the_mirror_keeps_at_most_its_budget_of_shards(
             assert kept <= budget
     finally:
         drt._native.set_mirror_budget(0)
+
+
+# -- the server -------------------------------------------------------------------
+
+
+def test_two_servers_with_only_the_bucket_serve_alike_and_share_activations(
+    cache: Path, bucket: str, tmp_path: Path
+) -> None:
+    """``python -m flight_server`` twice, each with its own data dir and nothing on
+    disk in common: the cache and the populations are in the bucket."""
+    import polars as pl
+    from flight.test_server_cli import ServerProcess, epoch_ids
+
+    from flight_client import DatasetClient
+
+    report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(ServerProcess(replica_args(report.url, bucket, tmp_path / f"r{i}")))
+            for i in range(2)
+        ]
+        a, b = (s.location() for s in servers)
+        assert epoch_ids(a, "objects") == epoch_ids(b, "objects")
+        with DatasetClient(a) as client:
+            table = client.get_metadata("objects")
+            population = client.update_metadata(
+                "objects", table.with_columns(pl.lit(2.0).alias("weight"))
+            )
+        deadline = time.monotonic() + WAIT_SECONDS
+        with DatasetClient(b) as client:
+            while client.get_metadata("objects")["weight"].to_list() != [2.0] * N:
+                assert time.monotonic() < deadline, "b never saw the activation"
+                time.sleep(0.1)
+        assert epoch_ids(a, "objects") == epoch_ids(b, "objects")
+        assert population
+        for server in servers:
+            assert server.stop() == 0, server.output()
+
+
+def replica_args(cache_url: str, bucket: str, data_dir: Path) -> list[str]:
+    """A server with only its own data dir: the cache and the state are in the bucket."""
+    state = f"s3://{bucket}/state"
+    dataset = f"objects={cache_url}"
+    return ["--port", "0", "--data-dir", str(data_dir), "--state-dir", state, "--dataset", dataset]
