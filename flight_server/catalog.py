@@ -57,6 +57,8 @@ class Catalog:
         self.local_dir = Path(mirror_dir) if remote and mirror_dir else Path(state_dir)
         # The server's own paths, named in what clients see instead.
         private = {self.local_dir: "<state>"}
+        if mirror_dir is not None and Path(mirror_dir) != self.local_dir:
+            private[Path(mirror_dir)] = "<mirror>"
         for spec in specs:
             private |= {
                 Path(cache): f"<cache {Path(cache).name}>"
