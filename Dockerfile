@@ -10,8 +10,8 @@ RUN python3 -m venv /opt/dataset-rt \
       dataset-rt-flight \
  && rm -rf /tmp/wheels \
  && useradd --system --create-home --uid 10001 dataset \
- && mkdir -p /data /caches /state \
- && chown dataset /data /caches /state
+ && mkdir -p /data /caches /state /mirror \
+ && chown dataset /data /caches /state /mirror
 
 USER dataset
 WORKDIR /home/dataset

@@ -198,6 +198,62 @@ def serve_raw(count: int, size: int) -> int:
     return 0
 
 
+def serve_sampling(count: int, size: int, workdir: Path) -> int:
+    """The sampling floor (``--sampling-server``): the least work a sampled stream
+    does, in a plain pyarrow server. The same payloads are written to one flat
+    file; each batch draws its positions with replacement (seeded by rank), reads
+    each record with ``os.pread`` at its offset, hashes it with xxh3 (as our reader
+    verifies every record) and sends the batch. No index, no population, no
+    checksum comparison: what is left is I/O, hashing and Flight."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.flight as flight
+    import xxhash
+
+    pool, offsets = payload_pool(), payload_offsets(count, size)
+    path = workdir / f"sampling-{size}-{os.getpid()}.bin"
+    with open(path, "wb") as out:
+        for offset in offsets:
+            out.write(pool[offset : offset + size])
+    fd = os.open(path, os.O_RDONLY)
+    schema = raw_batches(1, size)[0].schema
+    bounds = list(batch_bounds(count, size))
+
+    def batches(rank: int, world: int) -> Iterator[Any]:
+        draws = np.random.default_rng(rank)
+        for start, stop in bounds[rank::world]:
+            n = stop - start
+            picks = draws.integers(0, count, n, dtype=np.uint64)
+            records = [os.pread(fd, size, int(i) * size) for i in picks]
+            digest = 0
+            for record in records:
+                digest ^= xxhash.xxh3_64_intdigest(record)
+            ends = pa.array(range(0, (n + 1) * size, size), type=pa.int64())
+            payload = pa.LargeBinaryArray.from_buffers(
+                pa.large_binary(), n, [None, ends.buffers()[1], pa.py_buffer(b"".join(records))]
+            )
+            ids = pa.array(picks, type=pa.uint64())
+            positions = pa.array(range(start, stop), type=pa.uint64())
+            zeros = pa.array(np.zeros(n, dtype=np.uint64))
+            yield pa.RecordBatch.from_arrays([positions, zeros, ids, payload], schema=schema)
+
+    class SamplingServer(flight.FlightServerBase):  # type: ignore[misc]
+        def do_get(self, context: Any, ticket: Any) -> Any:
+            body = json.loads(ticket.ticket)
+            rank, world = int(body["rank"]), int(body["world_size"])
+            return flight.GeneratorStream(schema, batches(rank, world))
+
+    server = SamplingServer(f"grpc://{HOST}:0")
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    print(f"sampling serving at grpc://{HOST}:{server.port}", flush=True)
+    try:
+        server.serve()
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return 0
+
+
 def raw_tickets(world_size: int) -> list[bytes]:
     """The raw server's ticket of each rank: it serves batches ``rank::world_size``."""
     return [json.dumps({"rank": r, "world_size": world_size}).encode() for r in range(world_size)]
@@ -269,6 +325,12 @@ def start_raw(count: int, size: int, workdir: Path) -> ServerProcess:
     command = [sys.executable, str(RAW_SERVER_SCRIPT), "--raw-server"]
     command += ["--count", str(count), "--payload-size", str(size)]
     return ServerProcess.start("raw", command, workdir)
+
+
+def start_sampling(count: int, size: int, workdir: Path) -> ServerProcess:
+    command = [sys.executable, str(RAW_SERVER_SCRIPT), "--sampling-server"]
+    command += ["--count", str(count), "--payload-size", str(size), "--workdir", str(workdir)]
+    return ServerProcess.start("sampling", command, workdir)
 
 
 # -- clients: spawned worker processes, released together -------------------------
@@ -469,6 +531,12 @@ class Measurement(Generic[RunT]):
     @property
     def best(self) -> RunT:
         return max(self.runs, key=lambda r: r.mib_s)
+
+    @property
+    def median(self) -> RunT:
+        """The middle run by throughput (the lower middle of an even count)."""
+        ordered = sorted(self.runs, key=lambda r: r.mib_s)
+        return ordered[(len(ordered) - 1) // 2]
 
 
 def timed_epoch(

@@ -114,14 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             import os
 
             os.environ.update(ceph.environment())
-            import boto3
-
-            env = ceph.environment()
-            boto3.client(
-                "s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
-                aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-            ).create_bucket(Bucket="bench")  # fmt: skip
+            ceph.create_bucket("bench")
             cache, write_s = common.write_cache(DATASET, count, size, root / "caches")
             import dataset_rt as drt
 

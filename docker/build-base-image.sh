@@ -2,12 +2,18 @@
 # Build a local Debian base image (no registry needed): debootstrap the host's
 # Debian release with Python into a folder and `docker import` it.
 #
-#   docker/build-base-image.sh [IMAGE_TAG]     (default: dataset-rt-base:local)
+#   docker/build-base-image.sh [IMAGE_TAG [PACKAGE...]]
+#
+# IMAGE_TAG defaults to dataset-rt-base:local; extra Debian packages go into the
+# same root filesystem (docker/build-ceph-image.sh adds Ceph's this way).
 #
 # The mirror is the one the host's apt already uses (read from its sources), so
 # nothing here names a package host.
 set -euo pipefail
 tag="${1:-dataset-rt-base:local}"
+shift || true
+extra=""
+for package in "$@"; do extra="$extra,$package"; done
 if docker image inspect "$tag" >/dev/null 2>&1; then
   echo "base image $tag exists"
   exit 0
@@ -22,12 +28,13 @@ if [ -z "$mirror" ]; then
 fi
 suite=$(. /etc/os-release && echo "$VERSION_CODENAME")
 root=$(mktemp -d /tmp/dataset-rt-rootfs.XXXXXX)
-trap 'rm -rf "$root"' EXIT
+log="$root.log"
+trap 'rm -rf "$root" "$log"' EXIT
 echo "debootstrap $suite into $root"
 debootstrap --variant=minbase \
-  --include=python3,python3-venv,python3-pip,ca-certificates \
-  "$suite" "$root" "$mirror" >/tmp/debootstrap.log 2>&1 || {
-    tail -20 /tmp/debootstrap.log; exit 1; }
+  --include=python3,python3-venv,python3-pip,ca-certificates$extra \
+  "$suite" "$root" "$mirror" >"$log" 2>&1 || {
+    tail -20 "$log"; exit 1; }
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
 tar -C "$root" -c . | docker import - "$tag" >/dev/null
 echo "built $tag"

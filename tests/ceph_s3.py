@@ -11,11 +11,19 @@ compare-and-swap succeed. radosgw 16 also refuses ``If-Match`` with a quoted ETa
 only (docs/storage-format.md, "On object storage").
 
     python tests/ceph_s3.py DIR      # start one, print its endpoint, stop on Ctrl-C
+
+It is also the object store of the compose profile ``object-store``
+(docker/ceph.Dockerfile), started there with ``--bind 0.0.0.0 --port 7480
+--bucket datasets --ready FILE`` and the credentials of the environment.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import datetime
+import hashlib
+import hmac
 import os
 import shutil
 import signal
@@ -24,6 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -40,6 +49,7 @@ BINARIES = (
 )
 ACCESS_KEY = "dataset-rt-test"
 SECRET_KEY = "dataset-rt-test-secret"
+REGION = "us-east-1"
 START_SECONDS = 90.0
 
 
@@ -58,6 +68,12 @@ class CephS3:
     """A running one-node Ceph with radosgw; ``environment()`` is what a client needs."""
 
     root: Path
+    #: The address radosgw listens on (0.0.0.0 in a container) and its port (0: any free one).
+    bind: str = "127.0.0.1"
+    port: int = 0
+    #: The one user's keys (the launcher's command line takes them from the environment).
+    access_key: str = ACCESS_KEY
+    secret_key: str = SECRET_KEY
     endpoint: str = ""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     gateway: list[str] = field(default_factory=list)
@@ -65,11 +81,11 @@ class CephS3:
     def environment(self) -> dict[str, str]:
         """The variables object_store's S3 client (and the server) read credentials from."""
         return {
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_ALLOW_HTTP": "true",
-            "AWS_REGION": "us-east-1",
+            "AWS_REGION": REGION,
         }
 
     def start(self) -> CephS3:
@@ -82,9 +98,12 @@ class CephS3:
         root = self.root
         for sub in ("run", "log", "mon.a", "osd.0", "rgw"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        mon_port, rgw_port = free_port(), free_port()
+        mon_port, rgw_port = free_port(), self.port or free_port()
         fsid = str(uuid.uuid4())
         conf = root / "ceph.conf"
+        # No `rgw dns name`: with one, radosgw reads a Host header that differs
+        # from it as a bucket name (virtual-host style); without, every request
+        # is path-style whatever name clients use (a compose service name, say).
         conf.write_text(
             f"""[global]
 fsid = {fsid}
@@ -117,9 +136,8 @@ mon data = {root}/mon.$id
 osd data = {root}/osd.$id
 keyring = {root}/keyring
 [client.rgw]
-rgw frontends = beast endpoint=127.0.0.1:{rgw_port}
+rgw frontends = beast endpoint={self.bind}:{rgw_port}
 rgw data = {root}/rgw
-rgw dns name = 127.0.0.1
 """
         )
         c = ["-c", str(conf)]
@@ -171,9 +189,19 @@ rgw dns name = 127.0.0.1
         self.start_gateway()
         run(
             ["radosgw-admin", *c, "user", "create", "--uid=dataset-rt", "--display-name=dataset-rt",
-             f"--access-key={ACCESS_KEY}", f"--secret={SECRET_KEY}"]
+             f"--access-key={self.access_key}", f"--secret={self.secret_key}"]
         )  # fmt: skip
         return self
+
+    def create_bucket(self, name: str) -> None:
+        """Create the bucket ``name`` (one signed PUT; an existing bucket of ours is fine)."""
+        request = signed_request("PUT", f"{self.endpoint}/{name}", self.access_key, self.secret_key)
+        try:
+            with urllib.request.urlopen(request, timeout=30):
+                pass
+        except urllib.error.HTTPError as error:
+            if error.code != 409 or b"BucketAlreadyOwnedByYou" not in error.read():
+                raise
 
     def start_gateway(self) -> None:
         """Start radosgw (again) and wait until it answers."""
@@ -237,13 +265,60 @@ rgw dns name = 127.0.0.1
         )
 
 
+def signed_request(
+    method: str, url: str, access_key: str, secret_key: str
+) -> urllib.request.Request:
+    """An S3 request with an empty body, signed with AWS Signature Version 4
+    (path-style URL; the only request the launcher makes itself)."""
+    parsed = urllib.parse.urlsplit(url)
+    now = datetime.datetime.now(datetime.UTC)
+    stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    empty = hashlib.sha256(b"").hexdigest()
+    headers = {"host": parsed.netloc, "x-amz-content-sha256": empty, "x-amz-date": stamp}
+    signed = ";".join(sorted(headers))
+    canonical = "\n".join(
+        [method, parsed.path or "/", parsed.query]
+        + [f"{k}:{headers[k]}" for k in sorted(headers)]
+        + ["", signed, empty]
+    )
+    scope = f"{day}/{REGION}/s3/aws4_request"
+    text = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+    key = f"AWS4{secret_key}".encode()
+    for part in (day, REGION, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
+        f"SignedHeaders={signed}, Signature={signature}"
+    )
+    return urllib.request.Request(url, method=method, headers=headers)
+
+
 def main() -> None:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "ceph-s3").resolve()
-    with CephS3(root) as ceph:
+    parser = argparse.ArgumentParser(description="Run a one-node Ceph radosgw in DIR.")
+    parser.add_argument("root", nargs="?", default="ceph-s3", help="its directory")
+    parser.add_argument("--bind", default="127.0.0.1", help="radosgw's listening address")
+    parser.add_argument("--port", type=int, default=0, help="radosgw's port (0: a free one)")
+    parser.add_argument("--bucket", action="append", default=[], help="create this bucket")
+    parser.add_argument("--ready", type=Path, help="write this file once it serves")
+    args = parser.parse_args()
+    root = Path(args.root).resolve()
+    keys = {
+        "access_key": os.environ.get("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        "secret_key": os.environ.get("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+    }
+    with CephS3(root, bind=args.bind, port=args.port, **keys) as ceph:
+        for bucket in args.bucket:
+            ceph.create_bucket(bucket)
         for key, value in ceph.environment().items():
-            print(f"export {key}={value}")
+            # A secret of the caller's own stays out of the output (and logs).
+            if key != "AWS_SECRET_ACCESS_KEY" or value == SECRET_KEY:
+                print(f"export {key}={value}")
         sys.stdout.flush()
+        if args.ready:
+            args.ready.write_text(ceph.endpoint + "\n")
         with contextlib.suppress(KeyboardInterrupt):
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
             signal.pause()
 
 

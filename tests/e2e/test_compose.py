@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 ROOT = Path(__file__).parents[2]
 IMAGE = os.environ.get("DATASET_RT_E2E_IMAGE", "dataset-rt-flight:e2e")
 BASE = os.environ.get("DATASET_RT_E2E_BASE", "dataset-rt-base:local")
+CEPH_IMAGE = os.environ.get("DATASET_RT_E2E_CEPH_IMAGE", "dataset-rt-ceph:local")
 SEED = 11
 
 
@@ -83,6 +84,13 @@ def build_image() -> str:
     return IMAGE
 
 
+@functools.cache
+def build_ceph_image() -> str:
+    """The object store's image (Ceph from Debian's packages), once per test process."""
+    subprocess.run(["bash", "docker/build-ceph-image.sh", CEPH_IMAGE], cwd=ROOT, check=True)
+    return CEPH_IMAGE
+
+
 @pytest.fixture(scope="session")
 def image() -> str:
     return build_image()
@@ -95,21 +103,29 @@ class Project:
     """One compose project (unique name, own ports) that is always torn down.
 
     Every published port is a free one chosen here (Flight and the metrics side
-    port, of the default server and of each replica), so projects never collide.
+    port, of the default server and of each replica, and the object store's), so
+    projects never collide. The replicas of the ``object-store`` profile are the
+    services ``s3-replica-N``; those of ``replicated`` are ``replica-N``.
     """
 
     def __init__(self, image: str, profile: str) -> None:
         self.name = f"drte2e{uuid.uuid4().hex[:8]}"
         self.profile = profile
-        ports = _free_ports(2 * (1 + REPLICAS))
-        flight_ports, metrics_ports = ports[: 1 + REPLICAS], ports[1 + REPLICAS :]
+        ports = _free_ports(2 * (1 + REPLICAS) + 1)
+        flight_ports, metrics_ports = ports[: 1 + REPLICAS], ports[1 + REPLICAS : -1]
         self.env = {
             **os.environ,
             "FLIGHT_IMAGE": image,
+            "OBJECT_STORE_IMAGE": CEPH_IMAGE,
             "COMPOSE_PROFILES": profile,
             "FLIGHT_PORT": str(flight_ports[0]),
             "METRICS_PORT": str(metrics_ports[0]),
+            "OBJECT_STORE_PORT": str(ports[-1]),
         }
+        #: The object store's S3 endpoint as the host reaches it (object-store profile).
+        self.object_store = f"http://127.0.0.1:{ports[-1]}"
+        prefix = "s3-" if profile == "object-store" else ""
+        self.replica_services = [f"{prefix}replica-{i}" for i in range(1, 1 + REPLICAS)]
         self.replicas: list[str] = []
         #: The metrics side port (``http://127.0.0.1:PORT``) of each replica.
         self.replica_probes: list[str] = []
@@ -124,16 +140,23 @@ class Project:
         self.default_probes = f"http://127.0.0.1:{metrics_ports[0]}"
 
     def compose(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``docker compose ARGS`` in this project; with ``check``, a failure
+        raises with compose's own output and the services' recent logs."""
         assert COMPOSE is not None
-        return subprocess.run(
-            [*COMPOSE, "-p", self.name, "--profile", self.profile, *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=check,
-            timeout=600,
+        base = [*COMPOSE, "-p", self.name, "--profile", self.profile]
+        done = subprocess.run(
+            [*base, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=600
         )
+        if check and done.returncode != 0:
+            logs = subprocess.run(
+                [*base, "logs", "--no-color", "--tail", "40"],
+                cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            raise RuntimeError(
+                f"docker compose {' '.join(args)} failed ({done.returncode}):\n"
+                f"{done.stderr[-3000:]}\n--- service logs ---\n{logs.stdout[-6000:]}"
+            )
+        return done
 
     def container(self, service: str) -> str:
         return self.compose("ps", "-q", service).stdout.strip()
@@ -143,7 +166,7 @@ class Project:
 
     def up(self) -> None:
         self.compose("up", "-d")
-        locations = self.replicas if self.profile == "replicated" else [self.default_location]
+        locations = [self.default_location] if self.profile == "default" else self.replicas
         for location in locations:
             _wait_healthy(location)
 
