@@ -11,5 +11,7 @@ FROM ${CEPH_BASE}
 COPY tests/ceph_s3.py /opt/ceph_s3.py
 EXPOSE 7480
 ENTRYPOINT ["python3", "/opt/ceph_s3.py"]
-CMD ["/var/lib/ceph-s3", "--bind", "0.0.0.0", "--port", "7480", "--bucket", "datasets", \
-     "--ready", "/var/lib/ceph-s3/ready"]
+# --fresh: a restarted container starts a new, empty store (memstore kept the
+# objects in memory), so nothing of the last run can half-start it.
+CMD ["/var/lib/ceph-s3", "--fresh", "--bind", "0.0.0.0", "--port", "7480", \
+     "--bucket", "datasets", "--ready", "/var/lib/ceph-s3-ready"]

@@ -301,8 +301,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help="radosgw's port (0: a free one)")
     parser.add_argument("--bucket", action="append", default=[], help="create this bucket")
     parser.add_argument("--ready", type=Path, help="write this file once it serves")
+    parser.add_argument(
+        "--fresh", action="store_true", help="empty DIR first (the objects are in memory anyway)"
+    )
     args = parser.parse_args()
     root = Path(args.root).resolve()
+    if args.ready:
+        args.ready.unlink(missing_ok=True)
+    if args.fresh:
+        shutil.rmtree(root, ignore_errors=True)
     keys = {
         "access_key": os.environ.get("AWS_ACCESS_KEY_ID", ACCESS_KEY),
         "secret_key": os.environ.get("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
@@ -317,9 +324,13 @@ def main() -> None:
         sys.stdout.flush()
         if args.ready:
             args.ready.write_text(ceph.endpoint + "\n")
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-            signal.pause()
+        try:
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+                signal.pause()
+        finally:
+            if args.ready:
+                args.ready.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
