@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -421,6 +422,28 @@ def test_a_damaged_object_is_refused_as_corrupt(
     )
     with pytest.raises(drt.CorruptCacheError, match="fails its checksum"):
         epoch(service)
+
+
+def test_a_damaged_mirror_copy_says_how_to_fetch_it_again(
+    runtime: drt.DatasetRuntime, cache: Path, bucket: str, tmp_path: Path
+) -> None:
+    report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
+    state, mirror = str(tmp_path / "state"), tmp_path / "mirror"
+    expected = epoch(DatasetService(runtime.native, NAME, [str(cache)], str(tmp_path / "l")))
+    first = DatasetService(runtime.native, NAME, [report.url], state, mirror_dir=str(mirror))
+    assert epoch(first).equals(expected)
+    del first
+    (shard,) = (mirror / "caches").rglob("shard-00000.bin")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    damaged = DatasetService(runtime.native, NAME, [report.url], state, mirror_dir=str(mirror))
+    with pytest.raises(drt.CorruptCacheError, match="delete the mirrored directory"):
+        epoch(damaged)
+    del damaged
+    shutil.rmtree(mirror / "caches")
+    again = DatasetService(runtime.native, NAME, [report.url], state, mirror_dir=str(mirror))
+    assert epoch(again).equals(expected)
 
 
 def test_a_missing_cache_url_is_not_found(

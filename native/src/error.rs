@@ -11,7 +11,9 @@ pub enum Error {
     /// fails a checksum.
     #[error(
         "corrupt cache file {path}: {detail}; caches are immutable, so delete the cache \
-         directory and write it again"
+         directory and write it again (a mirror of a cache on object storage: stop the server, \
+         delete the mirrored directory, and it is fetched again; if the damage returns, it \
+         is in the bucket's copy: upload the cache again)"
     )]
     CorruptCache { path: PathBuf, detail: String },
 
