@@ -6,6 +6,7 @@ import array
 import hashlib
 import json
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,24 @@ def test_tuples_bytearray_and_memoryview_payloads(
     data = read_all(runtime, path, len(raw))
     assert data == raw
     assert all(type(d) is bytes for d in data)
+
+
+def test_large_payloads_are_written_whole_and_no_reference_to_them_is_kept(
+    runtime: drt.DatasetRuntime, tmp_path: Path
+) -> None:
+    """Payloads of 16 KiB and more are lent to the writer, not copied: each must
+    still land whole, in order, beside small and mutable ones, and the writer
+    must let go of every one of them by the time the cache is written."""
+    sizes = [16 << 10, 100, (16 << 10) - 1, 300 << 10, 0, 70_000, 5 << 20, 20_000]
+    lent = [bytes((i * 7 + j) % 251 for j in range(n)) for i, n in enumerate(sizes)]
+    mutable = bytearray(b"m" * (64 << 10))
+    inputs: list[Any] = [drt.CacheInput(d, {"k": i}) for i, d in enumerate(lent)]
+    inputs.append(drt.CacheInput(mutable, {"k": len(lent)}))
+    before = [sys.getrefcount(d) for d in lent]
+    path = write(tmp_path, ListSource("lent", inputs))
+    mutable[:] = b"x" * len(mutable)  # the cache holds what was passed, not this
+    assert [sys.getrefcount(d) for d in lent] == before
+    assert read_all(runtime, path, len(inputs)) == [*lent, b"m" * (64 << 10)]
 
 
 def test_an_int_is_accepted_in_a_float_column_and_nothing_else_is_converted(

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
@@ -20,7 +21,7 @@ use super::Runtime;
 use crate::error::Error;
 use crate::storage::{
     check_source_names, timed, validate_source_name, ColumnSpec, MetaValue, SchemaBinder, Stage,
-    WritePipeline, WriteProfile, EMPTY_SOURCE,
+    WritePipeline, WriteProfile, EMPTY_SOURCE, SHARED_MIN,
 };
 
 #[pyfunction(name = "validate_source_name")]
@@ -144,7 +145,7 @@ struct Source<'a, 'py> {
 }
 
 impl Source<'_, '_> {
-    fn next_record(&mut self) -> PyResult<Option<(Vec<u8>, Fields)>> {
+    fn next_record(&mut self) -> PyResult<Option<(Bytes, Fields)>> {
         let item = timed(self.profile, Stage::PythonNext, 0, || self.iterator.next());
         let Some(item) = item else {
             return Ok(None);
@@ -164,7 +165,7 @@ impl Source<'_, '_> {
 fn push(
     py: Python<'_>,
     pipeline: &mut WritePipeline,
-    data: Vec<u8>,
+    data: Bytes,
     values: Vec<MetaValue>,
 ) -> PyResult<()> {
     pipeline.push(data, values).py()?;
@@ -175,6 +176,44 @@ fn push(
 }
 
 type Fields = Vec<(String, MetaValue)>;
+
+/// A `bytes` object's contents for the writer: large ones lent as they are
+/// (the shard writer queues them for `writev`, so they are never copied in
+/// user space), small ones copied (cheaper than keeping the object alive).
+/// `bytearray` and `memoryview` are always copied: their contents can change
+/// after the call returns.
+fn shared_bytes(object: &Bound<'_, PyBytes>) -> Bytes {
+    let contents = object.as_bytes();
+    if contents.len() < SHARED_MIN {
+        return Bytes::copy_from_slice(contents);
+    }
+    Bytes::from_owner(LentBytes {
+        ptr: contents.as_ptr(),
+        len: contents.len(),
+        _object: object.clone().unbind(),
+    })
+}
+
+/// A Python `bytes` object's buffer, kept alive by a reference to the object.
+/// The last `Bytes` that shares it is dropped on a worker or writer thread
+/// without the GIL: PyO3 then queues the decref and runs it when this thread
+/// next re-attaches (after every commit, which runs detached).
+struct LentBytes {
+    ptr: *const u8,
+    len: usize,
+    _object: Py<PyBytes>,
+}
+
+// SAFETY: `bytes` objects are immutable and `_object` keeps this one (and so
+// `ptr..ptr + len`) alive; reading immutable memory from any thread is sound.
+unsafe impl Send for LentBytes {}
+
+impl AsRef<[u8]> for LentBytes {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see `Send` above: the buffer lives and never changes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
 
 /// A memoryview's bytes in one copy (`tobytes()` and then a copy of that were
 /// two: 9% of writing 1 MiB records from memoryview slices).
@@ -200,7 +239,7 @@ fn memoryview_bytes(view: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 }
 
 /// Read one `CacheInput(data, metadata)` (or any object with those attributes).
-fn extract_record(item: &Bound<'_, PyAny>, index: u64) -> PyResult<(Vec<u8>, Fields)> {
+fn extract_record(item: &Bound<'_, PyAny>, index: u64) -> PyResult<(Bytes, Fields)> {
     let (data, metadata) = match item.cast::<PyTuple>() {
         Ok(t) if t.len() == 2 => (t.get_item(0)?, t.get_item(1)?),
         _ => match (item.getattr("data"), item.getattr("metadata")) {
@@ -215,11 +254,11 @@ fn extract_record(item: &Bound<'_, PyAny>, index: u64) -> PyResult<(Vec<u8>, Fie
         },
     };
     let bytes = if let Ok(b) = data.cast::<PyBytes>() {
-        b.as_bytes().to_vec()
+        shared_bytes(b)
     } else if let Ok(b) = data.cast::<PyByteArray>() {
-        b.to_vec()
+        Bytes::from(b.to_vec())
     } else if data.get_type().name()? == "memoryview" {
-        memoryview_bytes(&data)?
+        Bytes::from(memoryview_bytes(&data)?)
     } else {
         // 0.4.8's exact words: its users compare `CacheWriteError.message` with `==`.
         return Err(Error::Source("data must be bytes-like".to_string())).py();

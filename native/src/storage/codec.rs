@@ -3,6 +3,7 @@
 use std::ops::RangeInclusive;
 
 use crate::hash::xxh3_64;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -120,7 +121,8 @@ impl Default for Compression {
 /// A record ready to be appended to a shard.
 #[derive(Debug)]
 pub struct EncodedRecord {
-    pub stored: Vec<u8>,
+    /// The payload itself when it is stored uncompressed (shared, not copied).
+    pub stored: Bytes,
     pub codec: Codec,
     pub raw_len: u64,
     /// xxh3-64 of `stored`, verified on every read.
@@ -168,10 +170,11 @@ impl Encoding {
 }
 
 impl EncodedRecord {
-    pub fn encode(raw: Vec<u8>, compression: Compression) -> Result<Self> {
+    pub fn encode(raw: impl Into<Bytes>, compression: Compression) -> Result<Self> {
+        let raw = raw.into();
         let (encoding, compressed) = Encoding::of(&raw, compression)?;
         Ok(EncodedRecord {
-            stored: compressed.unwrap_or(raw),
+            stored: compressed.map_or(raw, Bytes::from),
             codec: encoding.codec,
             raw_len: encoding.raw_len,
             checksum: encoding.checksum,

@@ -16,8 +16,12 @@ use arrow_array::{
     Float64Array, Int64Array, LargeBinaryArray, LargeStringArray, RecordBatch, StringArray,
     StringViewArray,
 };
-use arrow_schema::{DataType, Schema};
+use std::sync::Arc;
 
+use arrow_schema::{DataType, Schema};
+use bytes::Bytes;
+
+use super::gather::{StoredBytes, SHARED_MIN};
 use super::schema::{ColumnSpec, MetaType, MetaValue, SchemaBinder};
 use crate::error::{Error, Result};
 
@@ -178,6 +182,19 @@ impl ColumnarRows {
         }
     }
 
+    /// Record `row`'s payload as the shard writer takes it: shared with the
+    /// batch (which it keeps alive) when large enough to be queued, not copied.
+    pub fn stored_payload(rows: &Arc<ColumnarRows>, row: usize) -> StoredBytes<'_> {
+        let payload = rows.payload(row);
+        if payload.len() < SHARED_MIN {
+            return StoredBytes::Borrowed(payload);
+        }
+        StoredBytes::Shared(Bytes::from_owner(RowPayload {
+            rows: rows.clone(),
+            row,
+        }))
+    }
+
     /// Record `row`'s metadata values, in cache column order, into `out`.
     pub fn values_into(&self, row: usize, out: &mut Vec<MetaValue>) {
         out.clear();
@@ -189,6 +206,18 @@ impl ColumnarRows {
             Column::LargeStr(a) => MetaValue::Str(a.value(row).to_string()),
             Column::StrView(a) => MetaValue::Str(a.value(row).to_string()),
         }));
+    }
+}
+
+/// One row's payload, owning a reference to its batch.
+struct RowPayload {
+    rows: Arc<ColumnarRows>,
+    row: usize,
+}
+
+impl AsRef<[u8]> for RowPayload {
+    fn as_ref(&self) -> &[u8] {
+        self.rows.payload(self.row)
     }
 }
 

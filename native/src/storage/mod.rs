@@ -14,6 +14,7 @@
 mod cache;
 mod codec;
 mod columnar;
+mod gather;
 mod index;
 mod live;
 mod manifest;
@@ -33,6 +34,7 @@ mod writer;
 pub use cache::{Cache, CacheSet, VerifyReport};
 pub use codec::{check_ratio, Codec, Compression, EncodedRecord, Encoding};
 pub use columnar::{ColumnarRows, ColumnarSchema};
+pub use gather::{StoredBytes, SHARED_MIN};
 pub use index::{IndexEntry, INDEX_ENTRY_BYTES};
 pub use live::LiveCaches;
 pub use manifest::{FileEntry, Manifest, FORMAT_VERSION};
@@ -46,8 +48,7 @@ pub use writer::{CacheWriter, WriterOptions};
 
 /// Records at least this large are read with `pread` rather than through the
 /// memory map (one copy either way, but mapped pages would stay resident in
-/// the reader and count against its memory), and written without a copy into
-/// the shard writer's buffer.
+/// the reader and count against its memory).
 const LARGE_RECORD: u64 = 256 << 10;
 
 pub const MANIFEST_FILE: &str = "manifest.json";

@@ -28,10 +28,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::codec::{Compression, EncodedRecord, Encoding};
 use super::columnar::ColumnarRows;
+use super::gather::StoredBytes;
 use super::manifest::Manifest;
 use super::profile::{timed, Stage, WriteProfile};
 use super::schema::{ColumnSpec, MetaValue};
@@ -52,7 +54,7 @@ const ROW_CHUNKS_PER_WORKER: usize = 2;
 const WORKER_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A payload and its metadata values, in the cache's column order.
-type Record = (Vec<u8>, Vec<MetaValue>);
+type Record = (Bytes, Vec<MetaValue>);
 
 /// A chunk back from the workers.
 enum Encoded {
@@ -62,7 +64,7 @@ enum Encoded {
     Rows {
         rows: Arc<ColumnarRows>,
         start: usize,
-        encodings: Vec<(Encoding, Option<Vec<u8>>)>,
+        encodings: Vec<(Encoding, Option<Bytes>)>,
     },
 }
 
@@ -75,7 +77,7 @@ impl Encoded {
     }
 }
 /// How a worker encodes one payload (replaced by failing encoders in tests).
-type Encoder = fn(Vec<u8>, Compression) -> Result<EncodedRecord>;
+type Encoder = fn(Bytes, Compression) -> Result<EncodedRecord>;
 
 pub struct WritePipeline {
     pool: Arc<WorkerPool>,
@@ -123,7 +125,7 @@ impl WritePipeline {
             prefetch_records: options.prefetch_records.get(),
             chunk_records: CHUNK_RECORDS,
             chunk_bytes_limit: CHUNK_BYTES,
-            encode: EncodedRecord::encode,
+            encode: |raw, compression| EncodedRecord::encode(raw, compression),
             chunk: Vec::new(),
             chunk_bytes: 0,
             in_flight_records: 0,
@@ -154,7 +156,8 @@ impl WritePipeline {
 
     /// Add the next record. Hands a full chunk to the workers; never waits
     /// unless a commit is due (see the module docs).
-    pub fn push(&mut self, payload: Vec<u8>, metadata: Vec<MetaValue>) -> Result<()> {
+    pub fn push(&mut self, payload: impl Into<Bytes>, metadata: Vec<MetaValue>) -> Result<()> {
+        let payload = payload.into();
         self.guard(|pipeline| {
             if pipeline.commit_due {
                 pipeline.commit_ready()?;
@@ -285,6 +288,7 @@ impl WritePipeline {
                         raw.len() as u64,
                         || Encoding::of(raw, compression),
                     )
+                    .map(|(encoding, compressed)| (encoding, compressed.map(Bytes::from)))
                 })
                 .collect::<Result<Vec<_>>>();
             ticket.send(encodings.map(|encodings| Encoded::Rows {
@@ -346,12 +350,15 @@ impl WritePipeline {
             } => {
                 let (writer, values) = (&mut self.writer, &mut self.row_values);
                 for (row, (encoding, compressed)) in (*start..).zip(encodings) {
-                    let stored = compressed.as_deref().unwrap_or_else(|| rows.payload(row));
+                    let stored = match compressed {
+                        Some(bytes) => StoredBytes::Shared(bytes.clone()),
+                        None => ColumnarRows::stored_payload(rows, row),
+                    };
                     rows.values_into(row, values);
                     timed(
                         profile.as_deref(),
                         Stage::DiskWrite,
-                        stored.len() as u64,
+                        stored.as_slice().len() as u64,
                         || writer.append_stored(stored, *encoding, values),
                     )?;
                 }
@@ -412,7 +419,7 @@ mod tests {
                 let payload = format!("record-{i};").repeat(i % 9).into_bytes();
                 let split = if i % 3 == 0 { "val" } else { "train" };
                 (
-                    payload,
+                    payload.into(),
                     vec![MetaValue::Int(i as i64), MetaValue::Str(split.into())],
                 )
             })
@@ -438,26 +445,26 @@ mod tests {
 
     /// Encodes after a pause that depends on the payload, so that chunks finish
     /// out of order.
-    fn jittered(payload: Vec<u8>, compression: Compression) -> Result<EncodedRecord> {
+    fn jittered(payload: Bytes, compression: Compression) -> Result<EncodedRecord> {
         let pause = (payload.len() * 7919) % 400;
         std::thread::sleep(Duration::from_micros(pause as u64));
         EncodedRecord::encode(payload, compression)
     }
 
-    fn slow(payload: Vec<u8>, compression: Compression) -> Result<EncodedRecord> {
+    fn slow(payload: Bytes, compression: Compression) -> Result<EncodedRecord> {
         std::thread::sleep(Duration::from_millis(1));
         EncodedRecord::encode(payload, compression)
     }
 
-    fn failing(payload: Vec<u8>, compression: Compression) -> Result<EncodedRecord> {
-        if payload == b"bad" {
+    fn failing(payload: Bytes, compression: Compression) -> Result<EncodedRecord> {
+        if payload[..] == b"bad"[..] {
             return Err(Error::internal("zstd compression failed: test"));
         }
         EncodedRecord::encode(payload, compression)
     }
 
-    fn panicking(payload: Vec<u8>, compression: Compression) -> Result<EncodedRecord> {
-        if payload == b"bad" {
+    fn panicking(payload: Bytes, compression: Compression) -> Result<EncodedRecord> {
+        if payload[..] == b"bad"[..] {
             panic!("an encoder bug");
         }
         EncodedRecord::encode(payload, compression)
@@ -571,7 +578,7 @@ mod tests {
             for size in [1, 0, 150, 149] {
                 let part = &input[at..at + size];
                 let payloads: ArrayRef = Arc::new(BinaryArray::from_iter_values(
-                    part.iter().map(|(p, _)| p.as_slice()),
+                    part.iter().map(|(p, _)| &p[..]),
                 ));
                 let labels: ArrayRef = Arc::new(Int64Array::from_iter_values(part.iter().map(
                     |(_, v)| match v[0] {
@@ -644,7 +651,7 @@ mod tests {
 
     fn assert_fails_without_a_cache(encoder: Encoder, expected: &str) {
         let mut input = records(60);
-        input[23].0 = b"bad".to_vec();
+        input[23].0 = Bytes::from_static(b"bad");
         let dir = tempfile::tempdir().unwrap();
         let mut pipeline = start(dir.path(), 3, 4, 2);
         pipeline.encode = encoder;

@@ -62,6 +62,13 @@ impl Write for Writeback {
         Ok(n)
     }
 
+    fn write_vectored(&mut self, bytes: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        let n = self.file.write_vectored(bytes)?;
+        self.written += n as u64;
+        self.start();
+        Ok(n)
+    }
+
     fn flush(&mut self) -> std::io::Result<()> {
         self.file.flush()
     }

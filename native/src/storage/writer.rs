@@ -15,6 +15,7 @@ use arrow_ipc::writer::FileWriter;
 use arrow_schema::{Field, Schema};
 
 use super::codec::{Compression, EncodedRecord, Encoding};
+use super::gather::{ShardOut, StoredBytes};
 use super::index::IndexEntry;
 use super::manifest::{FileEntry, Manifest};
 use super::profile::{timed, Stage, WriteProfile};
@@ -22,15 +23,7 @@ use super::publish::EMPTY_SOURCE;
 use super::publish::{create_partial_dir, fsync_file, publish, validate_source_name};
 use super::schema::{ColumnBuilders, ColumnSpec, MetaValue};
 use super::temp::LockedTemp;
-use super::writeback::Writeback;
-use super::{hex64, shard_file_name, INDEX_FILE, LARGE_RECORD, MANIFEST_FILE, METADATA_FILE};
-
-/// Small records reach a shard in writes of up to this many bytes: the page
-/// cache then holds a fresh shard in 2 MiB folios (a write's length bounds its
-/// folios), which readers map with huge pages, so that a random record read
-/// does not pay a TLB miss of its own (`Cache::open`). Measured on 1 KiB
-/// records, 1 MiB writes left every shard in 4 KiB mappings.
-const SHARD_WRITE_CHUNK: usize = 8 << 20;
+use super::{hex64, shard_file_name, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
 
 use crate::error::{Error, IoContext, Result};
 
@@ -89,7 +82,7 @@ struct OpenShard {
     path: PathBuf,
     /// Its writeback started as it grows, so that the `fsync` that closes
     /// the shard waits only for the tail, not for the whole shard.
-    out: BufWriter<Writeback>,
+    out: ShardOut,
     bytes: u64,
     records: u64,
     hasher: Xxh3,
@@ -215,17 +208,19 @@ impl CacheWriter {
 
     /// Append the next record (records are numbered in append order).
     pub fn append(&mut self, record: &EncodedRecord, metadata: &[MetaValue]) -> Result<()> {
-        self.append_stored(&record.stored, record.encoding(), metadata)
+        let stored = StoredBytes::Shared(record.stored.clone());
+        self.append_stored(stored, record.encoding(), metadata)
     }
 
     /// Append the next record from its stored bytes and their `encoding`
     /// (the columnar writer's records are slices of an Arrow buffer).
     pub fn append_stored(
         &mut self,
-        stored: &[u8],
+        stored: StoredBytes<'_>,
         record: Encoding,
         metadata: &[MetaValue],
     ) -> Result<()> {
+        let stored_len = stored.as_slice().len() as u64;
         if metadata.len() != self.columns.len() {
             return Err(Error::Schema(format!(
                 "record {} has {} metadata values, the schema has {} columns",
@@ -236,9 +231,7 @@ impl CacheWriter {
         }
         let needs_new_shard = match &self.shard {
             None => true,
-            Some(s) => {
-                s.bytes > 0 && s.bytes + stored.len() as u64 > self.options.max_shard_bytes.get()
-            }
+            Some(s) => s.bytes > 0 && s.bytes + stored_len > self.options.max_shard_bytes.get(),
         };
         if needs_new_shard {
             self.close_shard()?;
@@ -249,7 +242,7 @@ impl CacheWriter {
             let file = File::create(&path).at("cannot create", &path)?;
             self.shard = Some(OpenShard {
                 path,
-                out: BufWriter::with_capacity(SHARD_WRITE_CHUNK, Writeback::new(file)),
+                out: ShardOut::new(file),
                 bytes: 0,
                 records: 0,
                 hasher: Xxh3::new(),
@@ -259,26 +252,17 @@ impl CacheWriter {
         let Some(shard) = self.shard.as_mut() else {
             return Err(Error::internal("no open shard"));
         };
-        if stored.len() as u64 >= LARGE_RECORD {
-            // Read with `pread`, never mapped: no use copying it into the buffer.
-            shard
-                .out
-                .flush()
-                .and_then(|()| shard.out.get_mut().write_all(stored))
-        } else {
-            shard.out.write_all(stored)
-        }
-        .at("cannot write", &shard.path)?;
-        shard.hasher.update(stored);
+        shard.hasher.update(stored.as_slice());
+        shard.out.push(stored).at("cannot write", &shard.path)?;
         self.index.push(&IndexEntry {
             shard: shard_number,
             codec: record.codec,
             offset: shard.bytes,
-            stored_len: stored.len() as u64,
+            stored_len,
             raw_len: record.raw_len,
             checksum: record.checksum,
         })?;
-        shard.bytes += stored.len() as u64;
+        shard.bytes += stored_len;
         shard.records += 1;
         self.builders.push(metadata)?;
         self.identity.update(&record.raw_len.to_le_bytes());
@@ -288,18 +272,14 @@ impl CacheWriter {
         }
         self.records += 1;
         self.payload_bytes += record.raw_len;
-        self.stored_bytes += stored.len() as u64;
+        self.stored_bytes += stored_len;
         Ok(())
     }
 
     fn close_shard(&mut self) -> Result<()> {
-        if let Some(mut shard) = self.shard.take() {
-            shard.out.flush().at("cannot write", &shard.path)?;
-            let file = shard
-                .out
-                .into_inner()
-                .map_err(|e| Error::io("cannot write", &shard.path, e.into_error()))?;
-            file.get_ref().sync_all().at("cannot fsync", &shard.path)?;
+        if let Some(shard) = self.shard.take() {
+            let file = shard.out.finish().at("cannot write", &shard.path)?;
+            file.sync_all().at("cannot fsync", &shard.path)?;
             self.shards.push(FileEntry {
                 file: file_name(&shard.path),
                 bytes: shard.bytes,
