@@ -1,7 +1,7 @@
 # One command runner for developers, the pre-commit hook (.pre-commit-config.yaml)
 # and CI (.ci/run): each check is written here once.
 .PHONY: develop sync sync-torch test test-rust test-python test-scale e2e lint lint-rust lint-python stubtest \
-        probe ci fmt bench demo serve
+        probe ci fmt bench bench-peers demo serve
 
 # Rebuild the extension in place (incremental release build) for a fast loop.
 develop:
@@ -68,6 +68,13 @@ fmt:
 
 bench:
 	uv run python benchmarks/bench_core.py
+
+# Against the loaders users would pick instead (benchmarks/bench_peers.py), in an
+# environment of its own: the peers group pins versions the dev group cannot share.
+# Pass options with ARGS="--quick".
+bench-peers:
+	UV_PROJECT_ENVIRONMENT=.venv-peers uv run --locked --no-dev --group peers \
+	  python benchmarks/bench_peers.py $(ARGS)
 
 demo:
 	uv run python -m dataset_rt
