@@ -24,11 +24,9 @@ import ctypes.util
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
-import pyarrow as pa
 import pyarrow.flight as flight
 
 from flight_server.auth import identity_of
@@ -166,138 +164,100 @@ class StreamSlots:
 class StreamWatch(Protocol):
     """What observes a stream (`flight_server.metrics.StreamObservation`)."""
 
-    def batch(self, batch: pa.RecordBatch) -> None: ...
+    def first_batch(self) -> None: ...
 
-    def end(self, error: BaseException | None) -> None: ...
+    def end(self, error: BaseException | None, rows: int, nbytes: int) -> None: ...
 
 
-#: How a stream ends when pyarrow drops its feed first: its client went away.
+class NativeStream(Protocol):
+    """What a slot watches and cancels (`dataset_rt.service.BatchStream`): the
+    stream keeps its own progress, so no Python runs per batch."""
+
+    def progress(self) -> Any: ...
+
+    def cancel(self) -> None: ...
+
+
+#: How a stream ends when pyarrow drops its generator first: its client went away.
 DROPPED = flight.FlightCancelledError("the client went away before the stream ended")
 
 
 class Stream:
-    """One admitted ``do_get``. `feed` gives pyarrow its batches; the stream ends
-    when they end, fail, or pyarrow drops the feed (the client went away)."""
+    """One admitted ``do_get``. The server `attach`-es the native stream it
+    serves; the slot ends when the stream ends, fails, is cancelled, or pyarrow
+    drops it (the client went away)."""
 
     def __init__(self, slots: StreamSlots, client: str) -> None:
         self.client = client
         self.stalled = False
         self._slots = slots
-        # Held while the server works on the stream (never while gRPC writes).
-        self._guard = threading.RLock()
-        self._source: Iterator[pa.RecordBatch] | None = None
-        self._with_client_since: float | None = time.monotonic()
-        self._cancelled: flight.FlightError | None = None
+        self._lock = threading.Lock()
+        self._native: NativeStream | None = None
         self._watch: StreamWatch | None = None
+        self._admitted = time.monotonic()
+        #: The error the client gets once the stream was cancelled (None: not cancelled).
+        self.cancelled: flight.FlightError | None = None
         self._ended = False
 
-    def feed(
-        self, source: Iterator[pa.RecordBatch], watch: StreamWatch | None = None
-    ) -> Iterator[pa.RecordBatch]:
-        """The iterator to hand to ``flight.GeneratorStream``; ``watch`` sees each
-        batch handed to gRPC and, once, how the stream ended."""
-        self._source = source
+    def attach(self, native: NativeStream, watch: StreamWatch | None = None) -> None:
+        """Serve ``native``; ``watch`` sees the first batch and, once, how the stream ended."""
+        self._native = native
         self._watch = watch
-        return _Feed(self)
 
-    def next_batch(self) -> pa.RecordBatch:
-        with self._guard:
-            self._with_client_since = None
-            if self._cancelled is not None:
-                self.end(self._cancelled)
-                raise self._cancelled
-            if self._source is None:  # pragma: no cover - feed() comes first
-                raise StopIteration
-            try:
-                batch = next(self._source)
-            except StopIteration:
-                self.end(None)
-                raise
-            except BaseException as error:
-                self.end(error)
-                raise
-            if self._watch is not None:
-                self._watch.batch(batch)
-            self._with_client_since = time.monotonic()
-            return batch
+    def first_batch(self) -> None:
+        if self._watch is not None:
+            self._watch.first_batch()
 
     def expire(self, now: float, timeout: float) -> None:
-        """Cancel the stream if its client has held a batch for ``timeout`` s."""
-        if not self._guard.acquire(blocking=False):
-            return  # the server is producing a batch: the client is not the hold-up
-        try:
-            since = self._with_client_since
-            if self._cancelled is None and since is not None and now - since >= timeout:
-                self._cancel(
-                    flight.FlightTimedOutError(
-                        f"the stream was cancelled: its client took no batch for {timeout:g} s "
-                        "(--stream-idle-timeout); resume it with 'offset' set to the samples "
-                        "received"
-                    )
+        """Cancel the stream if its client has held a batch for ``timeout`` s
+        (the native stream knows: no Python runs per batch to tell the slot)."""
+        if self._native is None:
+            idle: float | None = now - self._admitted
+        else:
+            idle = self._native.progress().idle_seconds
+        if idle is not None and idle >= timeout:
+            self.cancel(
+                flight.FlightTimedOutError(
+                    f"the stream was cancelled: its client took no batch for {timeout:g} s "
+                    "(--stream-idle-timeout); resume it with 'offset' set to the samples "
+                    "received"
                 )
-        finally:
-            self._guard.release()
+            )
 
     def cancel(self, error: flight.FlightError) -> None:
-        """End the stream with ``error`` at its next batch; free it now if idle."""
-        if self._guard.acquire(timeout=1.0):
-            try:
-                if self._cancelled is None:
-                    self._cancel(error)
-            finally:
-                self._guard.release()
-        else:  # busy producing a batch: it sees the flag when it asks for the next one
-            self._cancelled = error
-
-    def end(self, outcome: BaseException | None = DROPPED) -> None:
-        """Close the source and free the slot (idempotent). ``outcome`` is what
-        the client got (None: every batch); the default is for a feed pyarrow
-        dropped before the stream ended (the client went away)."""
-        with self._guard:
-            if self._ended:
+        """End the stream with ``error``: its native stream is freed now (or,
+        if it is producing a batch, once that batch is done), its next read
+        fails with ``error``, and its slot leaves the server's total at once."""
+        with self._lock:
+            if self._ended or self.cancelled is not None:
                 return
-            self._ended = True
-            self._close_source()
-        self._report(outcome)
-        self._slots._release(self, stalled=False)
-
-    def _cancel(self, error: flight.FlightError) -> None:
-        if self._ended:
-            return
-        self._cancelled = error
-        self._close_source()
+            self.cancelled = error
+        if self._native is not None:
+            self._native.cancel()
         self._report(error)
         self._slots._release(self, stalled=True)
 
+    def end(self, outcome: BaseException | None = DROPPED) -> None:
+        """Free the slot (idempotent). ``outcome`` is what the client got
+        (None: every batch); the default is for a stream pyarrow dropped before
+        it ended (the client went away)."""
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        if self._native is not None:
+            self._native.cancel()  # frees a stream dropped midway at once
+        self._report(outcome)
+        self._slots._release(self, stalled=False)
+
     def _report(self, outcome: BaseException | None) -> None:
-        watch, self._watch = self._watch, None
+        with self._lock:  # once, whichever of cancel and end comes first
+            watch, self._watch = self._watch, None
         if watch is not None:
-            watch.end(outcome)
-
-    def _close_source(self) -> None:
-        source, self._source = self._source, None
-        close = getattr(source, "close", None)
-        if close is not None:
-            close()
-
-
-class _Feed:
-    """What pyarrow iterates. pyarrow drops it when the call ends, also when the
-    stream never started (the client left at once): then the stream ends too."""
-
-    __slots__ = ("_stream",)
-
-    def __init__(self, stream: Stream) -> None:
-        self._stream = stream
-
-    def __iter__(self) -> _Feed:
-        return self
-
-    def __next__(self) -> pa.RecordBatch:
-        return self._stream.next_batch()
-
-    def __del__(self) -> None:
-        self._stream.end()
+            progress = self._native.progress() if self._native is not None else None
+            rows = progress.rows if progress is not None else 0
+            nbytes = progress.bytes if progress is not None else 0
+            watch.end(outcome, rows, nbytes)
 
 
 def _libc_malloc_trim() -> Any:

@@ -5,10 +5,10 @@ Every Flight call is observed once, where its status is decided
 ``do_get``, the auth middleware for calls refused before a handler runs): a
 request counter by method and status, a latency histogram, and
 for streams the open gauge, the duration and the time to the first batch. Rows
-and bytes served per dataset and population come from `Telemetry` (already
-bounded to 64 populations per dataset), so no label grows without bound: the
-labels are method, status (the gRPC code names), dataset (the catalog's names)
-and population (the bounded telemetry set).
+and bytes served per dataset and population come from the engine's counts
+(`DatasetService.served`, bounded to 64 populations per dataset), so no label
+grows without bound: the labels are method, status (the gRPC code names),
+dataset (the catalog's names) and population (the bounded set).
 
 Each server has its own registry (tests start many servers in one process).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -27,7 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from flight_server.telemetry import Telemetry
+#: A dataset's ``served`` entries (`DatasetService.served`), by dataset name.
+Served = Callable[[str], list[dict[str, Any]]]
 
 requests_log = logging.getLogger("flight_server.requests")
 
@@ -98,7 +99,7 @@ _STATUSES: tuple[tuple[type[BaseException], str], ...] = (
 class ServerMetrics:
     """The registry of one server, and the calls that feed it."""
 
-    def __init__(self, telemetry: Telemetry, datasets: Iterable[str]) -> None:
+    def __init__(self, served: Served, datasets: Iterable[str]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "datasetrt_requests",
@@ -135,7 +136,7 @@ class ServerMetrics:
         )
         for name in datasets:  # every dataset's series exist from the start (at 0)
             self.streams_open.labels(name)
-        self.registry.register(_ServedCollector(telemetry, list(datasets)))
+        self.registry.register(_ServedCollector(served, list(datasets)))
 
     def exposition(self) -> bytes:
         """The text format of ``/metrics``."""
@@ -174,9 +175,9 @@ class ServerMetrics:
 class StreamObservation:
     """One ``do_get``: open gauge, first batch, rows, bytes, duration, status.
 
-    `flight_server.limits.Stream` reports each batch it hands to gRPC and how
-    the stream ended (exhausted, failed, cancelled, or dropped because the
-    client went away), exactly once."""
+    `flight_server.limits.Stream` reports its first batch and how the stream
+    ended (exhausted, failed, cancelled, or dropped because the client went
+    away), exactly once, with the rows and bytes it handed to gRPC."""
 
     def __init__(self, metrics: ServerMetrics, dataset: str, fields: dict[str, Any]) -> None:
         self._metrics = metrics
@@ -184,20 +185,17 @@ class StreamObservation:
         self._fields = fields
         self._began = time.perf_counter()
         self._first: float | None = None
-        self._rows = 0
-        self._bytes = 0
         self._ended = threading.Event()
         metrics.streams_open.labels(dataset).inc()
 
-    def batch(self, batch: pa.RecordBatch) -> None:
-        if self._first is None:
-            self._first = time.perf_counter() - self._began
-            self._metrics.first_batch.labels(self._dataset).observe(self._first)
-        self._rows += batch.num_rows
-        self._bytes += batch.nbytes
+    def first_batch(self) -> None:
+        """The first batch is being handed to gRPC."""
+        self._first = time.perf_counter() - self._began
+        self._metrics.first_batch.labels(self._dataset).observe(self._first)
 
-    def end(self, error: BaseException | None) -> None:
-        """The stream ended: ``error`` is what the client got (None: every batch)."""
+    def end(self, error: BaseException | None, rows: int, nbytes: int) -> None:
+        """The stream ended: ``error`` is what the client got (None: every
+        batch); ``rows`` and ``nbytes`` (Arrow data) are what it handed out."""
         if self._ended.is_set():
             return
         self._ended.set()
@@ -207,18 +205,19 @@ class StreamObservation:
         metrics.streams_open.labels(self._dataset).dec()
         metrics.stream_seconds.labels(self._dataset).observe(seconds)
         metrics.requests.labels("do_get", status).inc()
-        fields = self._fields | {"rows": self._rows, "bytes": self._bytes}
+        fields = self._fields | {"rows": rows, "bytes": nbytes}
         if self._first is not None:
             fields["first_batch_seconds"] = round(self._first, 6)
         log_request("do_get", status, seconds, fields, error)
 
 
 class _ServedCollector(Collector):
-    """Rows and bytes served per dataset and population, read from `Telemetry`
-    at scrape time (its bounded population set keeps the labels bounded)."""
+    """Rows and bytes served per dataset and population, read from the engine
+    (`DatasetService.served`) at scrape time (its bounded population set keeps
+    the labels bounded)."""
 
-    def __init__(self, telemetry: Telemetry, datasets: list[str]) -> None:
-        self._telemetry = telemetry
+    def __init__(self, served: Served, datasets: list[str]) -> None:
+        self._served = served
         self._datasets = datasets
 
     def collect(self) -> Iterable[Metric]:
@@ -231,7 +230,7 @@ class _ServedCollector(Collector):
             labels=["dataset", "population"],
         )
         for dataset in self._datasets:
-            for served in self._telemetry.served(dataset):
+            for served in self._served(dataset):
                 labels = [dataset, served["population"]]
                 rows.add_metric(labels, served["rows"])
                 sent.add_metric(labels, served["bytes"])

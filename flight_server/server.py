@@ -1,8 +1,9 @@
 """`DatasetFlightServer`: the Flight RPC surface over a `Catalog`.
 
 The per-batch path of ``do_get`` is built in Rust: the native stream is handed
-to pyarrow as a ``RecordBatchReader``; Python only passes each batch on, counting
-it for the ``stats`` action (`flight_server.telemetry`).
+to pyarrow as a ``RecordBatchReader`` and passed on to gRPC by a bare generator
+(`_handed_to_grpc`), so no Python runs per batch. What was served (the ``stats``
+action) is counted by the engine as each batch is handed out.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -25,10 +27,9 @@ from dataset_rt import service as engine
 from flight_server.auth import MIDDLEWARE, BearerAuthFactory, TokenFile, require_admin
 from flight_server.catalog import Catalog
 from flight_server.errors import ProtocolError, hide_tracebacks, to_flight_error
-from flight_server.limits import Limits, StreamSlots, client_of
+from flight_server.limits import DROPPED, Limits, Stream, StreamSlots, client_of
 from flight_server.metrics import ServerMetrics, request_fields
 from flight_server.protocol import ActionBody, PutCommand, RunAction
-from flight_server.telemetry import StreamCounter, Telemetry
 
 log = logging.getLogger("flight_server")
 
@@ -114,12 +115,17 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         limits: Limits | None = None,
     ) -> None:
         # First, so that bad options fail before a port is bound.
-        self.telemetry = Telemetry(telemetry_column, telemetry_max_groups)
+        if telemetry_max_groups < 1:
+            raise ValueError(f"telemetry_max_groups must be >= 1, got {telemetry_max_groups}")
+        for name in catalog.names():
+            catalog.get(name).set_grouping(telemetry_column, telemetry_max_groups)
+        #: The column whose values the engine counts rows of (the ``stats`` action).
+        self.group_column = telemetry_column
         self.limits = limits or Limits()
         self.streams = StreamSlots(self.limits)
         hide_tracebacks()
         # Before the middleware: failed logins are counted there, before any handler.
-        self.metrics = ServerMetrics(self.telemetry, catalog.names())
+        self.metrics = ServerMetrics(lambda name: catalog.get(name).served(), catalog.names())
         middleware = (
             {MIDDLEWARE: BearerAuthFactory(tokens, on_refused=self.metrics.refused)}
             if tokens
@@ -218,49 +224,25 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         try:
             if isinstance(parsed, engine.MetadataRequest):
                 # Slices of the mapped table, one at a time: never the table whole.
-                reader = pa.RecordBatchReader.from_stream(service.metadata(parsed.population))
-                watch = self.metrics.stream(parsed.dataset, self._calls.fields)
-                return flight.GeneratorStream(reader.schema, slot.feed(iter(reader), watch))
-            # Pinned here, so that telemetry counts the stream under the population
-            # it reads even when the ticket names none (streaming a pinned request is
-            # the same stream: the engine pins it alike).
-            request = service.pin(parsed)
-            self._note_request(request)
-            request, added = self._with_telemetry_column(service, request)
-            stream = service.stream(
-                request, batch_size=self._batch_size, prefetch_size=self._prefetch_size
-            )
+                stream = service.metadata_stream(parsed.population)
+            else:
+                # Pinned here, so that the log names the population it reads even
+                # when the ticket names none (the engine pins it alike).
+                request = service.pin(parsed)
+                self._note_request(request)
+                stream = service.stream(
+                    request, batch_size=self._batch_size, prefetch_size=self._prefetch_size
+                )
             reader = pa.RecordBatchReader.from_stream(stream)
-            counter = self.telemetry.open(
-                request.dataset, request.population or "", reader.schema, drop=added
-            )
         except BaseException:
             slot.end()
             raise
-        # A GeneratorStream, not RecordBatchStream(reader): an error raised by the
-        # generator keeps its Flight status (INTERNAL for damage), where one met
-        # inside a C stream reader would leave as INVALID_ARGUMENT or UNKNOWN; and
-        # the slot sees every batch taken (the idle deadline, `flight_server.limits`).
-        batches = _mid_stream_errors(reader, stream, counter, self.catalog.redact, request.dataset)
-        watch = self.metrics.stream(request.dataset, self._calls.fields)
-        return flight.GeneratorStream(counter.schema, slot.feed(batches, watch))
-
-    def _with_telemetry_column(
-        self, service: engine.DatasetService, request: engine.StreamRequest
-    ) -> tuple[engine.StreamRequest, bool]:
-        """The request with the telemetry column added when the population has it
-        and the stream would not carry it anyway; and whether it was added (then
-        the counter drops it again, so the client gets the schema it asked for)."""
-        column = self.telemetry.column
-        if column is None or column in engine.BASE_COLUMNS:
-            return request, False
-        if column in request.columns:
-            return request, False
-        # Only the schema is read: the metadata table stays in Rust.
-        table = service.metadata(request.population)
-        if not self.telemetry.groupable(pa.RecordBatchReader.from_stream(table).schema):
-            return request, False
-        return request.replace(columns=[*request.columns, column]), True
+        slot.attach(stream, self.metrics.stream(parsed.dataset, self._calls.fields))
+        batches = _handed_to_grpc(reader, stream, slot, self.catalog.redact, parsed.dataset)
+        # pyarrow may drop a generator it never started (the client left at
+        # once): its `finally` never runs, so the slot is freed with it.
+        weakref.finalize(batches, slot.end)
+        return flight.GeneratorStream(reader.schema, batches)
 
     @_flight_errors
     def do_put(
@@ -414,8 +396,8 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                         "streams": stats.streams,
                         "rows_sent": stats.rows_sent,
                         "bytes_sent": stats.bytes_sent,
-                        "group_column": self.telemetry.column,
-                        "served": self.telemetry.served(name),
+                        "group_column": self.group_column,
+                        "served": service.served(),
                     }
             case other:
                 raise ProtocolError(f"unknown action {other!r}; the actions are {sorted(ACTIONS)}")
@@ -434,27 +416,50 @@ def _utf8(raw: bytes, what: str) -> str:
         raise ProtocolError(f"{what} is not UTF-8") from None
 
 
-def _mid_stream_errors(
+def _handed_to_grpc(
     reader: pa.RecordBatchReader,
     stream: engine.BatchStream,
-    counter: StreamCounter,
+    slot: Stream,
     redact: Callable[[str], str],
     dataset: str,
 ) -> Iterator[pa.RecordBatch]:
-    """The reader's batches, each counted as it is sent. A failure met while
-    streaming (a corrupt record, a failed worker) gets the status of its error
-    class: INTERNAL for damage and internal failures, so that the client resumes
-    on another replica. Closing the generator closes the native stream."""
+    """The reader's batches for a ``flight.GeneratorStream``, with no Python per
+    batch: after the first (observed for the metrics), ``yield from`` hands
+    each batch from the native reader to gRPC. Not `RecordBatchStream(reader)`:
+    an error met inside a C stream reader would leave as INVALID_ARGUMENT or
+    UNKNOWN; here it gets the status of its error class (INTERNAL for damage
+    and internal failures, so that the client resumes on another replica), or
+    the slot's own error when the slot cancelled the stream."""
+    outcome: BaseException | None = DROPPED
     try:
-        for batch in reader:
-            yield counter.count(batch)
+        batches = iter(reader)
+        for batch in batches:
+            slot.first_batch()
+            yield batch
+            break
+        yield from batches
+        outcome = None
     except pa.ArrowException as error:
-        try:
-            stream.raise_failure()
-        except Exception as typed:
-            log.warning("do_get failed while streaming: %s", typed)
-            raise to_flight_error(typed, redact, dataset=dataset) from None
-        log.warning("do_get failed while streaming: %s", error)
-        raise flight.FlightInternalError(f"the stream failed: {error}") from None
+        outcome = slot.cancelled or _typed(error, stream, redact, dataset)
+        raise outcome from None
     finally:
         reader.close()
+        slot.end(outcome)
+
+
+def _typed(
+    error: pa.ArrowException,
+    stream: engine.BatchStream,
+    redact: Callable[[str], str],
+    dataset: str,
+) -> Exception:
+    """The Flight error of a failure met while streaming (a corrupt record, a
+    failed worker): its engine class when the native stream kept it."""
+    try:
+        stream.raise_failure()
+    except Exception as typed:
+        log.warning("do_get failed while streaming: %s", typed)
+        return to_flight_error(typed, redact, dataset=dataset)
+    log.warning("do_get failed while streaming: %s", error)
+    internal: Exception = flight.FlightInternalError(f"the stream failed: {error}")
+    return internal

@@ -25,7 +25,8 @@ use crate::run::RunId;
 use crate::sampling::StreamOrder;
 use crate::storage::publish::validate_name;
 use crate::storage::{CacheSet, LiveCaches};
-use crate::stream::{BatchContext, EpochStream, StreamCounters, StreamOptions, WorkerPool};
+use crate::stream::served::{Grouping, Served, ServedLedger};
+use crate::stream::{BatchContext, EpochStream, StreamOptions, WorkerPool, BASE_COLUMNS};
 
 /// Where a dataset's population store lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +53,8 @@ pub struct DatasetService {
     caches: LiveCaches,
     store: PopulationStore,
     loaded: Mutex<LoadedPopulations>,
-    counters: Arc<StreamCounters>,
+    /// What the streams served, per population (`stream::served`).
+    served: Arc<ServedLedger>,
     streams: AtomicU64,
     /// Stored populations kept after each put (0: all), see `set_keep_populations`.
     keep_populations: AtomicUsize,
@@ -214,7 +216,7 @@ impl DatasetService {
             caches,
             store: open_store(&store_dir)?,
             loaded: Mutex::new((HashMap::new(), VecDeque::new())),
-            counters: Arc::new(StreamCounters::default()),
+            served: Arc::default(),
             streams: AtomicU64::new(0),
             keep_populations: AtomicUsize::new(0),
         })
@@ -427,8 +429,18 @@ impl DatasetService {
             }
             _ => None,
         };
-        let ctx = self.context(request)?;
-        let mut stream = EpochStream::new(ctx, pool, options)?.with_counters(self.counters.clone());
+        let request = self.pin(request)?;
+        let population = request
+            .population
+            .clone()
+            .ok_or_else(|| Error::internal("a pinned request names no population"))?;
+        let (request, added) = self.with_group_column(request)?;
+        let stream = EpochStream::new(self.context(&request)?, pool, options)?;
+        // Counted once it opened: a refused request is not a stream served.
+        let tally = self
+            .served
+            .open(population.as_str(), &stream.schema(), added.as_deref());
+        let mut stream = stream.with_tally(tally);
         if let Some(fence) = fence {
             stream = stream.with_fence(fence);
         }
@@ -446,11 +458,48 @@ impl DatasetService {
         self.store.runs().check(run, generation)
     }
 
+    /// The request with the grouping column added when the population has it
+    /// and the stream would not carry it anyway, and the name added (the tally
+    /// drops it again, so the consumer gets the schema it asked for).
+    fn with_group_column(
+        &self,
+        mut request: StreamRequest,
+    ) -> Result<(StreamRequest, Option<String>)> {
+        let Some(column) = self.served.grouping().column else {
+            return Ok((request, None));
+        };
+        if BASE_COLUMNS.contains(&column.as_str()) || request.columns.contains(&column) {
+            return Ok((request, None));
+        }
+        let Some(id) = &request.population else {
+            return Ok((request, None));
+        };
+        let schema = self.population(id.as_str())?.schema();
+        match schema.field_with_name(&column) {
+            Ok(field) if crate::stream::served::groupable(field.data_type()) => {
+                request.columns.push(column.clone());
+                Ok((request, Some(column)))
+            }
+            _ => Ok((request, None)),
+        }
+    }
+
+    /// Count the rows of every stream opened from now on per value of `grouping`'s column.
+    pub fn set_grouping(&self, grouping: Grouping) {
+        self.served.set_grouping(grouping);
+    }
+
+    /// What the streams served, per population, most recently streamed first.
+    pub fn served(&self) -> Vec<(String, Served)> {
+        self.served.served()
+    }
+
     pub fn stats(&self) -> ServiceStats {
+        let (rows, bytes) = self.served.totals();
         ServiceStats {
             streams: self.streams.load(Ordering::Relaxed),
-            rows: self.counters.rows.load(Ordering::Relaxed),
-            bytes: self.counters.bytes.load(Ordering::Relaxed),
+            rows,
+            bytes,
         }
     }
 

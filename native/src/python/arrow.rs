@@ -72,6 +72,10 @@ impl ArrowTable {
     pub fn new(table: Chunks) -> Self {
         ArrowTable { table }
     }
+
+    pub fn into_chunks(self) -> Chunks {
+        self.table
+    }
 }
 
 #[pymethods]

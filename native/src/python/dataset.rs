@@ -1,22 +1,24 @@
-//! `Dataset`, `BatchStream` and `SampleIterator`: the in-process reading API.
+//! `Dataset` and `SampleIterator`: the in-process reading API (its batch
+//! streams are `batch_stream::BatchStream`s).
 
 use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type, UInt64Type};
-use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchReader, UInt32Array};
-use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array};
+use arrow_schema::{DataType, Field, Schema};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyCapsule, PyDict, PyString, PyType};
+use pyo3::types::{PyBytes, PyDict, PyString, PyType};
 
 use super::args::{identity, positive, positive_usize_or, unsigned};
-use super::arrow::{export_stream, import_stream, stream_batch, ArrowTable};
+use super::arrow::{import_stream, stream_batch, ArrowTable};
+use super::batch_stream::BatchStream;
 use super::config::ReaderOptions;
-use super::errors::{to_pyerr, Failure, IntoPyResult};
+use super::errors::{to_pyerr, IntoPyResult};
 use super::partition::Partition as PyPartition;
 use super::Runtime;
 use crate::dataset::Dataset as EngineDataset;
@@ -367,87 +369,6 @@ fn window(
         stride.get(),
     )
     .py()
-}
-
-/// A one-shot stream of record batches, consumed through `__arrow_c_stream__`.
-///
-/// An error met while streaming leaves the C stream as text; the stream also
-/// keeps it with its class, and `raise_failure` raises it as the engine's own
-/// exception (`CorruptCacheError`, `InternalError`, ...).
-#[pyclass(frozen, module = "dataset_rt._native")]
-pub struct BatchStream {
-    stream: Mutex<Option<EpochStream>>,
-    failure: Arc<Mutex<Option<Failure>>>,
-}
-
-impl BatchStream {
-    pub(super) fn new(stream: EpochStream) -> Self {
-        BatchStream {
-            stream: Mutex::new(Some(stream)),
-            failure: Arc::new(Mutex::new(None)),
-        }
-    }
-}
-
-/// The stream as an Arrow reader that records its first error.
-struct RecordingReader {
-    stream: EpochStream,
-    failure: Arc<Mutex<Option<Failure>>>,
-}
-
-impl Iterator for RecordingReader {
-    type Item = Result<RecordBatch, ArrowError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        Some(self.stream.next_batch()?.map_err(|error| {
-            if let Ok(mut slot) = self.failure.lock() {
-                slot.get_or_insert_with(|| Failure::of(&error));
-            }
-            ArrowError::ExternalError(Box::new(error))
-        }))
-    }
-}
-
-impl RecordBatchReader for RecordingReader {
-    fn schema(&self) -> SchemaRef {
-        self.stream.schema()
-    }
-}
-
-#[pymethods]
-impl BatchStream {
-    #[pyo3(signature = (requested_schema=None))]
-    fn __arrow_c_stream__<'py>(
-        &self,
-        py: Python<'py>,
-        requested_schema: Option<Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyCapsule>> {
-        let _ = requested_schema; // batches are produced in their own schema
-        let stream = self
-            .stream
-            .lock()
-            .map_err(|_| to_pyerr(Error::internal("the stream's lock is poisoned")))?
-            .take()
-            .ok_or_else(|| to_pyerr(Error::invalid("this stream was already consumed")))?;
-        let reader = RecordingReader {
-            stream,
-            failure: self.failure.clone(),
-        };
-        export_stream(py, Box::new(reader))
-    }
-
-    /// Raise the error that ended the stream, if one did (as its own class).
-    fn raise_failure(&self, py: Python<'_>) -> PyResult<()> {
-        let failure = self
-            .failure
-            .lock()
-            .map_err(|_| to_pyerr(Error::internal("the stream's lock is poisoned")))?
-            .clone();
-        match failure {
-            Some(failure) => Err(failure.to_pyerr(py)),
-            None => Ok(()),
-        }
-    }
 }
 
 /// Per-sample iteration over the same batch stream.

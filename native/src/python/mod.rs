@@ -4,6 +4,7 @@
 
 mod args;
 mod arrow;
+mod batch_stream;
 mod cache;
 mod config;
 mod dataset;
@@ -54,7 +55,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CachedSample", dataset::sample_type(m.py())?)?;
     m.add_class::<Runtime>()?;
     m.add_class::<dataset::Dataset>()?;
-    m.add_class::<dataset::BatchStream>()?;
+    m.add_class::<batch_stream::BatchStream>()?;
+    m.add_class::<batch_stream::StreamProgress>()?;
     m.add_class::<dataset::SampleIterator>()?;
     m.add_class::<arrow::ArrowTable>()?;
     m.add_class::<service::DatasetService>()?;

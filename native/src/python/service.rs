@@ -6,13 +6,14 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::run::fence::Claim;
 use crate::run::RunId;
 
 use super::args::{positive, positive_usize_or};
 use super::arrow::{import_stream, stream_batch, ArrowTable};
-use super::dataset::BatchStream;
+use super::batch_stream::BatchStream;
 use super::errors::IntoPyResult;
 use super::request::StreamRequest;
 use super::Runtime;
@@ -21,6 +22,7 @@ use crate::population::check_population_id;
 use crate::remote::is_url;
 use crate::service::{DatasetService as Engine, StateLocation};
 use crate::storage::publish::validate_name;
+use crate::stream::served::{Grouping, OVERFLOW};
 use crate::stream::{StreamOptions, WorkerPool};
 
 #[pyclass(frozen, module = "dataset_rt._native")]
@@ -211,6 +213,14 @@ impl DatasetService {
         Ok(ArrowTable::new(table))
     }
 
+    /// The same table as `metadata`, as a stream of checked slices that a
+    /// server can watch and cancel (`BatchStream`).
+    #[pyo3(signature = (population=None))]
+    fn metadata_stream(&self, py: Python<'_>, population: Option<String>) -> PyResult<BatchStream> {
+        let table = self.metadata(py, population)?;
+        Ok(BatchStream::of_table(table.into_chunks()))
+    }
+
     /// The request with the active population and epoch length filled in.
     fn pin(&self, py: Python<'_>, request: &StreamRequest) -> PyResult<StreamRequest> {
         let inner = py.detach(|| self.inner.pin(&request.inner)).py()?;
@@ -276,6 +286,43 @@ impl DatasetService {
     fn check_run(&self, py: Python<'_>, run: String, generation: u64) -> PyResult<()> {
         let run = RunId::try_from(run).py()?;
         py.detach(|| self.inner.check_run(&run, generation)).py()
+    }
+
+    /// Count the rows of every stream opened from now on per value of the
+    /// population column `column` (None: rows and bytes only), keeping at most
+    /// `max_groups` values per population (the rest count under "(other)").
+    #[pyo3(signature = (column, max_groups=64))] // served::DEFAULT_MAX_GROUPS, as a literal for the signature
+    fn set_grouping(&self, column: Option<String>, max_groups: usize) -> PyResult<()> {
+        let grouping = Grouping::new(column, max_groups).py()?;
+        self.inner.set_grouping(grouping);
+        Ok(())
+    }
+
+    /// What the streams served per population, most recently streamed first:
+    /// a dict per population (`population`, `streams`, `rows`, `bytes`,
+    /// `groups`, `group_column_missing`).
+    fn served<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.inner
+            .served()
+            .into_iter()
+            .map(|(population, served)| {
+                let entry = PyDict::new(py);
+                entry.set_item("population", population)?;
+                entry.set_item("streams", served.streams)?;
+                entry.set_item("rows", served.rows)?;
+                entry.set_item("bytes", served.bytes)?;
+                let groups = PyDict::new(py);
+                for (key, rows) in &served.groups {
+                    groups.set_item(key, rows)?;
+                }
+                if served.overflow > 0 {
+                    groups.set_item(OVERFLOW, served.overflow)?;
+                }
+                entry.set_item("groups", groups)?;
+                entry.set_item("group_column_missing", served.group_column_missing)?;
+                Ok(entry)
+            })
+            .collect()
     }
 
     fn stats(&self) -> ServiceStats {

@@ -11,10 +11,11 @@
 mod batch;
 mod buffers;
 mod draws;
+pub mod served;
 
 use std::collections::VecDeque;
 use std::num::{NonZeroU64, NonZeroUsize};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchReader};
@@ -27,6 +28,7 @@ pub use draws::draw_rows;
 use crate::error::Result;
 use crate::run::fence::Fence;
 use crate::workers::ReorderBuffer;
+use served::Tally;
 
 #[derive(Debug, Clone, Copy)]
 pub struct StreamOptions {
@@ -68,13 +70,6 @@ const fn nonzero64(n: u64) -> NonZeroU64 {
     }
 }
 
-/// Rows and bytes handed to consumers, shared by the streams of one service.
-#[derive(Debug, Default)]
-pub struct StreamCounters {
-    pub rows: AtomicU64,
-    pub bytes: AtomicU64,
-}
-
 pub struct EpochStream {
     ctx: Arc<BatchContext>,
     pool: Arc<WorkerPool>,
@@ -93,7 +88,8 @@ pub struct EpochStream {
     built: ReorderBuffer<Result<RecordBatch>>,
     cancelled: Arc<AtomicBool>,
     finished: bool,
-    counters: Option<Arc<StreamCounters>>,
+    /// A served stream counts what it hands out (`served`).
+    tally: Option<Tally>,
     /// A training run's stream ends before a batch once the run is resumed elsewhere.
     fence: Option<Fence>,
 }
@@ -112,7 +108,7 @@ impl EpochStream {
             built: ReorderBuffer::new(),
             cancelled: Arc::new(AtomicBool::new(false)),
             finished: false,
-            counters: None,
+            tally: None,
             fence: None,
         })
     }
@@ -123,14 +119,19 @@ impl EpochStream {
         self
     }
 
-    /// Count the rows and bytes this stream delivers into `counters`.
-    pub fn with_counters(mut self, counters: Arc<StreamCounters>) -> Self {
-        self.counters = Some(counters);
+    /// Count each batch handed out with `tally` (which may drop a column
+    /// that was added only to be counted).
+    pub fn with_tally(mut self, tally: Tally) -> Self {
+        self.tally = Some(tally);
         self
     }
 
+    /// The schema of the batches as handed out.
     pub fn schema(&self) -> SchemaRef {
-        self.ctx.schema.clone()
+        match &self.tally {
+            Some(tally) => tally.schema(),
+            None => self.ctx.schema.clone(),
+        }
     }
 
     /// Samples not yet handed to the consumer.
@@ -168,15 +169,10 @@ impl EpochStream {
             self.finished = true;
             return Some(Err(e));
         }
-        if let (Some(counters), Ok(batch)) = (&self.counters, &result) {
-            counters
-                .rows
-                .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
-            counters
-                .bytes
-                .fetch_add(batch.get_array_memory_size() as u64, Ordering::Relaxed);
+        match &self.tally {
+            Some(tally) => Some(result.map(|batch| tally.count(batch))),
+            None => Some(result),
         }
-        Some(result)
     }
 
     /// Plan and submit batches while the prefetch budget allows.
@@ -250,6 +246,6 @@ impl Iterator for EpochStream {
 
 impl RecordBatchReader for EpochStream {
     fn schema(&self) -> SchemaRef {
-        self.ctx.schema.clone()
+        EpochStream::schema(self)
     }
 }
