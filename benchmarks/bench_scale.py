@@ -26,6 +26,11 @@ whose estimated disk need passes the free space less 5 GB is skipped with a mess
 5. draws: one ids-only stream (``"payload": false``) of min(N, 10^7) positions; rows/s.
 6. scan: ``DatasetClient.scan_metadata("scale").filter(label == 3).select(pl.len())``
    over Flight, and in-process (``LocalSource`` on the same store, N <= 10^7); seconds.
+7. restart, cold: the server stopped, the page cache of every file of the run
+   dropped (``posix_fadvise(DONTNEED)``: as after a reboot, or when the population
+   is larger than RAM), the server started again; seconds until it answers, its
+   first ``do_get`` of a random epoch (ms), an ids-only stream of min(N, 10^7)
+   positions on pages met for the first time (rows/s), and its RssFile after.
 
 Then the server's RSS at the end. Memory is in MiB; ``--json PATH`` writes the figures.
 """
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import threading
@@ -273,6 +279,49 @@ def scans(location: str, cache: Path, state: Path, rows: int) -> dict[str, Any]:
     return out
 
 
+def evict(root: Path) -> None:
+    """Drop the page cache of every file under ``root`` (no process maps them)."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def restart_cold(
+    cache: Path, state: Path, workdir: Path, records: int, rows: int
+) -> dict[str, Any]:
+    """A server started on pages that are not in memory (see the module's step 7)."""
+    evict(workdir)
+    server, started = start_server(cache, state, workdir, records)
+    try:
+        client = flight.connect(server.location)
+        options = flight.FlightCallOptions(timeout=timeout_for(rows))
+        began = time.perf_counter()
+        reader = client.do_get(ticket(epoch=7, epoch_len=TTFB_EPOCH_LEN), options)
+        reader.read_chunk()
+        first = time.perf_counter() - began
+        reader.read_all()
+        count = min(rows, MAX_DRAWS)
+        began = time.perf_counter()
+        reader = client.do_get(ticket(epoch=1, epoch_len=count, payload=False), options)
+        drawn = sum(chunk.data.num_rows for chunk in reader)
+        seconds = time.perf_counter() - began
+        client.close()
+        if drawn != count:
+            raise common.BenchError(f"the ids-only stream gave {drawn} rows, expected {count}")
+        return {
+            "cold_start_s": started,
+            "cold_first_ms": first * 1000,
+            "cold_draws_rows_s": count / seconds,
+            "cold_file": rss(server.proc.pid)["file"],
+        }
+    finally:
+        server.stop()
+
+
 def run_size(rows: int, data_dir: Path, workers: int, max_records: int) -> dict[str, Any] | None:
     records = min(rows, max_records)
     need = records * DISK_PER_RECORD + rows * DISK_PER_ROW
@@ -308,6 +357,8 @@ def run_size(rows: int, data_dir: Path, workers: int, max_records: int) -> dict[
                 errors = server.stderr.read_text(errors="replace").strip()
                 if errors:
                     log(f"server stderr ({rows:.0e} rows):\n{errors[-4000:]}")
+        log(f"{rows:.0e} rows: restart, cold")
+        result |= restart_cold(cache, state, workdir, records, rows)
     return result
 
 
@@ -325,6 +376,10 @@ FIGURES = [  # (label, keys shown as "a / b", format)
     ("scan label == 3, Flight (s)", ("scan_flight_s",), "{:.3f}"),
     ("scan label == 3, in-process (s)", ("scan_local_s",), "{:.3f}"),
     ("server RssAnon / RssFile at end (MiB)", ("end_anon", "end_file"), "{:.0f}"),
+    ("restart, cold: server start (s)", ("cold_start_s",), "{:.2f}"),
+    ("restart, cold: first batch (ms)", ("cold_first_ms",), "{:.1f}"),
+    ("restart, cold: ids-only draws (rows/s)", ("cold_draws_rows_s",), "{:,.0f}"),
+    ("restart, cold: server RssFile after (MiB)", ("cold_file",), "{:.0f}"),
     ("disk used at the end (GB)", ("disk_gb",), "{:.2f}"),
 ]
 

@@ -178,7 +178,20 @@ impl MappedTable {
             return Err(damaged("the file is empty".into()));
         }
         let map = Arc::new(MappedFile::map(&file).at("cannot map", path)?);
-        let mut buffer = crate::storage::arrow_buffer(&map, 0, map.len())
+        // Opening reads one message header per chunk (2 MiB apart at 32 bytes a
+        // row). With the kernel's read-around each of those faults would read
+        // the readahead window around it (8 MiB on some disks): the whole file,
+        // O(rows), at every start. Random advice reads just the header's pages;
+        // normal readahead returns for the scans and streams that follow.
+        let _ = map.advise(memmap2::Advice::Random);
+        let opened = Self::decode(path, &map);
+        let _ = map.advise(memmap2::Advice::Normal);
+        opened
+    }
+
+    fn decode(path: &Path, map: &Arc<MappedFile>) -> Result<Self> {
+        let damaged = |detail: String| Error::corrupt(path, detail);
+        let mut buffer = crate::storage::arrow_buffer(map, 0, map.len())
             .ok_or_else(|| damaged("cannot be mapped".into()))?;
         // SAFETY: the values are checked before they are read: the structure
         // below (every buffer inside the file), the values per column in
@@ -249,7 +262,7 @@ impl MappedTable {
             chunked,
             path: path.to_path_buf(),
             checked,
-            map,
+            map: map.clone(),
         })
     }
 
@@ -326,5 +339,78 @@ impl MappedTable {
     /// The index of the column called `name`.
     pub fn index_of(&self, name: &str) -> Option<usize> {
         self.chunks.schema.index_of(name).ok()
+    }
+}
+
+#[cfg(test)]
+#[cfg(target_os = "linux")]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use arrow_array::{Float64Array, Int64Array, UInt64Array};
+
+    use super::*;
+    use crate::population::table_file::TableWriter;
+
+    /// Pages of `path` in the page cache (`mincore` through a mapping of our own,
+    /// which reads nothing).
+    fn resident_pages(path: &Path) -> (usize, usize) {
+        let file = File::open(path).unwrap();
+        // SAFETY: a read-only mapping that is never read, only asked about.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        let pages = map.len().div_ceil(4096);
+        let mut flags = vec![0u8; pages];
+        // SAFETY: `flags` has one byte per page of the mapping.
+        let done = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), flags.as_mut_ptr()) };
+        assert_eq!(done, 0, "mincore failed");
+        (flags.iter().filter(|f| **f & 1 == 1).count(), pages)
+    }
+
+    #[test]
+    fn opening_reads_the_chunk_headers_not_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            arrow_schema::Field::new("cache_id", arrow_schema::DataType::UInt64, false),
+            arrow_schema::Field::new("sample_id", arrow_schema::DataType::UInt64, false),
+            arrow_schema::Field::new("label", arrow_schema::DataType::Int64, false),
+            arrow_schema::Field::new("weight", arrow_schema::DataType::Float64, false),
+        ]));
+        let rows = BATCH_ROWS as u64;
+        let chunk = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(UInt64Array::from_iter_values(0..rows)),
+                Arc::new(UInt64Array::from_iter_values(0..rows)),
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+                Arc::new(Float64Array::from(vec![1.0; rows as usize])),
+            ],
+        )
+        .unwrap();
+        let mut writer = TableWriter::create(dir.path(), &schema).unwrap();
+        for _ in 0..32 {
+            writer.append(&chunk).unwrap(); // 32 chunks of 2 MiB
+        }
+        let stored = writer.finish().unwrap();
+        let path = stored.file.path().to_path_buf();
+        let file = File::open(&path).unwrap();
+        // SAFETY: advice on an open descriptor; it only drops clean cached pages.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        let (before, pages) = resident_pages(&path);
+        if before > pages / 8 {
+            eprintln!(
+                "skipped: this file system keeps the file's pages cached ({before} of {pages})"
+            );
+            return;
+        }
+        let table = MappedTable::open(&path).unwrap();
+        assert_eq!(table.num_rows(), 32 * BATCH_ROWS);
+        let (after, pages) = resident_pages(&path);
+        // A page or a few per chunk header; the kernel's read-around would
+        // bring in its whole window (up to the file) around each one.
+        assert!(
+            after - before <= 32 * 8,
+            "opening a table of 32 chunks brought {} of its {pages} pages into memory",
+            after - before
+        );
     }
 }
