@@ -219,6 +219,28 @@ def ticket(**keys: Any) -> flight.Ticket:
     return flight.Ticket(json.dumps({"dataset": DATASET, "seed": common.SEED} | keys).encode())
 
 
+def first_batch_seconds(client: Any, options: Any, epoch: int) -> float:
+    """Seconds from ``do_get`` of a random epoch to its first batch (the rest is read)."""
+    started = time.perf_counter()
+    reader = client.do_get(ticket(epoch=epoch, epoch_len=TTFB_EPOCH_LEN), options)
+    reader.read_chunk()
+    seconds = time.perf_counter() - started
+    reader.read_all()
+    return seconds
+
+
+def ids_only_draws(client: Any, options: Any, rows: int, epoch: int) -> float:
+    """Rows/s of an ids-only stream of min(``rows``, 10^7) positions, its count checked."""
+    count = min(rows, MAX_DRAWS)
+    started = time.perf_counter()
+    reader = client.do_get(ticket(epoch=epoch, epoch_len=count, payload=False), options)
+    drawn = sum(chunk.data.num_rows for chunk in reader)
+    seconds = time.perf_counter() - started
+    if drawn != count:
+        raise common.BenchError(f"the ids-only stream gave {drawn} rows, expected {count}")
+    return count / seconds
+
+
 def reads(location: str, rows: int) -> dict[str, Any]:
     """Time to first batch of random epochs, the first time (pages of the mapped
     files met for the first time) and again (the same epochs: pages resident),
@@ -229,22 +251,10 @@ def reads(location: str, rows: int) -> dict[str, Any]:
         firsts: dict[str, list[float]] = {"cold": [], "warm": []}
         epochs = np.random.default_rng(common.SEED).integers(0, 2**32, TTFB_TICKETS)
         for times in firsts.values():
-            for epoch in epochs:
-                started = time.perf_counter()
-                reader = client.do_get(ticket(epoch=int(epoch), epoch_len=TTFB_EPOCH_LEN), options)
-                reader.read_chunk()
-                times.append(time.perf_counter() - started)
-                reader.read_all()
-        count = min(rows, MAX_DRAWS)
-        started = time.perf_counter()
-        reader = client.do_get(ticket(epoch=0, epoch_len=count, payload=False), options)
-        drawn = sum(chunk.data.num_rows for chunk in reader)
-        seconds = time.perf_counter() - started
+            times.extend(first_batch_seconds(client, options, int(epoch)) for epoch in epochs)
+        out: dict[str, Any] = {"draws_rows_s": ids_only_draws(client, options, rows, epoch=0)}
     finally:
         client.close()
-    if drawn != count:
-        raise common.BenchError(f"the ids-only stream gave {drawn} rows, expected {count}")
-    out: dict[str, Any] = {"draws_rows_s": count / seconds}
     for kind, times in firsts.items():
         p50, p99 = (float(ms) for ms in np.percentile(np.array(times) * 1000, [50, 99]))
         out |= {f"ttfb_{kind}_p50_ms": p50, f"ttfb_{kind}_p99_ms": p99}
@@ -299,23 +309,15 @@ def restart_cold(
     try:
         client = flight.connect(server.location)
         options = flight.FlightCallOptions(timeout=timeout_for(rows))
-        began = time.perf_counter()
-        reader = client.do_get(ticket(epoch=7, epoch_len=TTFB_EPOCH_LEN), options)
-        reader.read_chunk()
-        first = time.perf_counter() - began
-        reader.read_all()
-        count = min(rows, MAX_DRAWS)
-        began = time.perf_counter()
-        reader = client.do_get(ticket(epoch=1, epoch_len=count, payload=False), options)
-        drawn = sum(chunk.data.num_rows for chunk in reader)
-        seconds = time.perf_counter() - began
-        client.close()
-        if drawn != count:
-            raise common.BenchError(f"the ids-only stream gave {drawn} rows, expected {count}")
+        try:
+            first = first_batch_seconds(client, options, epoch=7)
+            draws = ids_only_draws(client, options, rows, epoch=1)
+        finally:
+            client.close()
         return {
             "cold_start_s": started,
             "cold_first_ms": first * 1000,
-            "cold_draws_rows_s": count / seconds,
+            "cold_draws_rows_s": draws,
             "cold_file": rss(server.proc.pid)["file"],
         }
     finally:

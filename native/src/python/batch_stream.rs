@@ -8,7 +8,7 @@
 //! last one (the idle deadline). `cancel` ends the stream from any thread.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arrow_array::{RecordBatch, RecordBatchReader};
@@ -20,7 +20,7 @@ use super::arrow::export_stream;
 use super::errors::{to_pyerr, Failure};
 use crate::error::{Error, Result};
 use crate::population::Chunks;
-use crate::stream::served::sent_bytes;
+use crate::stream::served::{lock, sent_bytes};
 use crate::stream::EpochStream;
 
 type Source = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
@@ -54,14 +54,8 @@ impl Shared {
             .min(u128::from(PRODUCING - 1)) as u64
     }
 
-    fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-        mutex
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     fn next(&self) -> Option<std::result::Result<RecordBatch, ArrowError>> {
-        let mut source = Self::lock(&self.source);
+        let mut source = lock(&self.source);
         if self.cancelled.load(Ordering::Acquire) {
             *source = None;
             return Some(Err(ArrowError::ExternalError(Box::new(Error::internal(
@@ -82,7 +76,7 @@ impl Shared {
                     .compare_exchange(NONE, now, Ordering::AcqRel, Ordering::Relaxed);
             }
             Some(Err(error)) => {
-                Self::lock(&self.failure).get_or_insert_with(|| Failure::of(error));
+                lock(&self.failure).get_or_insert_with(|| Failure::of(error));
                 *source = None;
             }
             None => *source = None,
@@ -184,7 +178,7 @@ impl BatchStream {
 
     /// Raise the error that ended the stream, if one did (as its own class).
     fn raise_failure(&self, py: Python<'_>) -> PyResult<()> {
-        match Shared::lock(&self.shared.failure).clone() {
+        match lock(&self.shared.failure).clone() {
             Some(failure) => Err(failure.to_pyerr(py)),
             None => Ok(()),
         }

@@ -222,7 +222,7 @@ impl Tally {
 
 /// A poisoned lock still holds counts worth reporting: a panic elsewhere
 /// cannot leave them half-updated in a way that matters.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
