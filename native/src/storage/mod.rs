@@ -14,6 +14,7 @@
 mod cache;
 mod codec;
 mod columnar;
+mod direct;
 mod gather;
 mod index;
 mod live;
@@ -34,6 +35,7 @@ mod writer;
 pub use cache::{Cache, CacheSet, VerifyReport};
 pub use codec::{check_ratio, Codec, Compression, EncodedRecord, Encoding};
 pub use columnar::{ColumnarRows, ColumnarSchema};
+pub use direct::{DirectWriter, WriteBuffer};
 pub use gather::{StoredBytes, SHARED_MIN};
 pub use index::{IndexEntry, INDEX_ENTRY_BYTES};
 pub use live::LiveCaches;

@@ -24,6 +24,21 @@ impl Writeback {
         }
     }
 
+    /// Continue `file`, whose first `offset` bytes are written and on their
+    /// way to the disk (its position is at `offset`).
+    pub fn resume(file: File, offset: u64) -> Self {
+        Writeback {
+            file,
+            written: offset,
+            started: offset,
+        }
+    }
+
+    /// Bytes written to the file.
+    pub fn position(&self) -> u64 {
+        self.written
+    }
+
     pub fn get_ref(&self) -> &File {
         &self.file
     }

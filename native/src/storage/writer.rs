@@ -80,9 +80,6 @@ impl Default for WriterOptions {
 
 struct OpenShard {
     path: PathBuf,
-    /// Its writeback started as it grows, so that the `fsync` that closes
-    /// the shard waits only for the tail, not for the whole shard.
-    out: ShardOut,
     bytes: u64,
     records: u64,
     hasher: Xxh3,
@@ -145,6 +142,8 @@ pub struct CacheWriter {
     columns: Vec<ColumnSpec>,
     builders: ColumnBuilders,
     shard: Option<OpenShard>,
+    /// Writes every shard in turn (around the page cache where it can).
+    out: ShardOut,
     shards: Vec<FileEntry>,
     index: IndexOut,
     identity: Xxh3,
@@ -188,6 +187,7 @@ impl CacheWriter {
             builders: ColumnBuilders::new(&columns),
             columns,
             shard: None,
+            out: ShardOut::new(),
             shards: Vec::new(),
             index,
             identity,
@@ -239,10 +239,9 @@ impl CacheWriter {
                 .partial
                 .path()
                 .join(shard_file_name(self.shards.len() as u32));
-            let file = File::create(&path).at("cannot create", &path)?;
+            self.out.open(&path).at("cannot create", &path)?;
             self.shard = Some(OpenShard {
                 path,
-                out: ShardOut::new(file),
                 bytes: 0,
                 records: 0,
                 hasher: Xxh3::new(),
@@ -253,7 +252,7 @@ impl CacheWriter {
             return Err(Error::internal("no open shard"));
         };
         shard.hasher.update(stored.as_slice());
-        shard.out.push(stored).at("cannot write", &shard.path)?;
+        self.out.push(stored).at("cannot write", &shard.path)?;
         self.index.push(&IndexEntry {
             shard: shard_number,
             codec: record.codec,
@@ -278,7 +277,7 @@ impl CacheWriter {
 
     fn close_shard(&mut self) -> Result<()> {
         if let Some(shard) = self.shard.take() {
-            let file = shard.out.finish().at("cannot write", &shard.path)?;
+            let file = self.out.close().at("cannot write", &shard.path)?;
             file.sync_all().at("cannot fsync", &shard.path)?;
             self.shards.push(FileEntry {
                 file: file_name(&shard.path),
