@@ -261,7 +261,7 @@ pub(crate) fn takes_direct_writes(dir: &std::path::Path) -> bool {
     direct
 }
 
-fn write_zero() -> io::Error {
+pub(super) fn write_zero() -> io::Error {
     io::Error::new(io::ErrorKind::WriteZero, "the file accepted no more bytes")
 }
 

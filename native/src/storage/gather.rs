@@ -22,7 +22,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 
-use super::direct::{DirectWriter, WriteBuffer, WRITE_CHUNK};
+use super::direct::{write_zero, DirectWriter, WriteBuffer, WRITE_CHUNK};
 
 /// Records at least this large are queued, not copied, by buffered writes.
 /// Below it a copy costs less than keeping the record alive and one more I/O
@@ -179,16 +179,14 @@ impl Queue {
     }
 }
 
-fn write_zero() -> io::Error {
-    io::Error::new(io::ErrorKind::WriteZero, "the file accepted no more bytes")
-}
-
 fn no_shard() -> io::Error {
     io::Error::other("no shard is open")
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::direct::takes_direct_writes;
+    use super::super::direct::tests::same_bytes;
     use super::*;
 
     /// Records of every size class: small and shared ones alternating (the
@@ -226,7 +224,7 @@ mod tests {
     #[test]
     fn every_byte_reaches_its_shard_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let direct = super::super::direct::takes_direct_writes(dir.path());
+        let direct = takes_direct_writes(dir.path());
         for buffered in [false, true] {
             let mut out = ShardOut::new();
             for shard in 0..3 {
@@ -240,10 +238,7 @@ mod tests {
                 assert_eq!(out.is_direct(), direct && !buffered);
                 push_all(&mut out, &records);
                 out.close().unwrap().sync_all().unwrap();
-                super::super::direct::tests::same_bytes(
-                    &std::fs::read(&path).unwrap(),
-                    &records.concat(),
-                );
+                same_bytes(&std::fs::read(&path).unwrap(), &records.concat());
             }
         }
     }
@@ -262,7 +257,7 @@ mod tests {
         assert!(!out.is_direct());
         push_all(&mut out, &records[200..]);
         out.close().unwrap();
-        super::super::direct::tests::same_bytes(&std::fs::read(&path).unwrap(), &records.concat());
+        same_bytes(&std::fs::read(&path).unwrap(), &records.concat());
     }
 
     #[test]

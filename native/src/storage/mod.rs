@@ -35,7 +35,7 @@ mod writer;
 pub use cache::{Cache, CacheSet, VerifyReport};
 pub use codec::{check_ratio, Codec, Compression, EncodedRecord, Encoding};
 pub use columnar::{ColumnarRows, ColumnarSchema};
-pub use direct::{DirectWriter, WriteBuffer};
+pub use direct::DirectWriter;
 pub use gather::{StoredBytes, SHARED_MIN};
 pub use index::{IndexEntry, INDEX_ENTRY_BYTES};
 pub use live::LiveCaches;

@@ -17,11 +17,7 @@ pub struct Writeback {
 
 impl Writeback {
     pub fn new(file: File) -> Self {
-        Writeback {
-            file,
-            written: 0,
-            started: 0,
-        }
+        Self::resume(file, 0)
     }
 
     /// Continue `file`, whose first `offset` bytes are written and on their
