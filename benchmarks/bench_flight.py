@@ -247,6 +247,12 @@ def measure_size(
         for server in servers:
             server.wait_location()
         ours = servers[0]
+        # One epoch each first, not counted: a cache just written (around the
+        # page cache) is read from the disk the first time.
+        for server in servers:
+            tickets = our_tickets(ours.location, 1) if server is ours else common.raw_tickets(1)
+            run = server_epoch(pool, server, tickets, (count, count * size))
+            log(f"  {human_bytes(size)} warm-up {server.name:8}: {run.mib_s:8,.0f} MiB/s")
         out = []
         for clients in CLIENT_COUNTS:
             tickets = {

@@ -206,6 +206,7 @@ class DatasetService:
         *,
         batch_size: int | None = None,
         prefetch_size: int | None = None,
+        lend: bool = False,
     ) -> BatchStream: ...
     def schema(self, request: StreamRequest) -> ArrowTable: ...
     def claim_run(

@@ -230,8 +230,13 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 # when the ticket names none (the engine pins it alike).
                 request = service.pin(parsed)
                 self._note_request(request)
+                # Large records go to gRPC lent from their shards, no copy:
+                # gRPC only sends them and lets go.
                 stream = service.stream(
-                    request, batch_size=self._batch_size, prefetch_size=self._prefetch_size
+                    request,
+                    batch_size=self._batch_size,
+                    prefetch_size=self._prefetch_size,
+                    lend=True,
                 )
             reader = pa.RecordBatchReader.from_stream(stream)
         except BaseException:

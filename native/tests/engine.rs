@@ -287,6 +287,7 @@ fn ranks_cover_an_epoch_and_prefetch_never_changes_the_stream() {
         max_batch_bytes: NonZeroU64::new(16).unwrap(),
         prefetch_rows: NonZeroUsize::MIN,
         max_in_flight_bytes: NonZeroU64::MIN,
+        lend_large: false,
     };
     assert_eq!(full, read_ids(&set, &population, order, epoch, &pool, tiny));
     let mut merged: Vec<(u64, u64, u64)> = (0..4)

@@ -228,13 +228,17 @@ impl DatasetService {
     }
 
     /// The stream a ticket names, in batches of at most `batch_size` rows.
-    #[pyo3(signature = (request, *, batch_size=None, prefetch_size=None))]
+    /// With `lend`, records of 256 KiB or more are lent from their mapped
+    /// shards without a copy, each in a batch of its own: for a consumer that
+    /// passes the bytes on and lets go of them (the Flight server).
+    #[pyo3(signature = (request, *, batch_size=None, prefetch_size=None, lend=false))]
     fn stream(
         &self,
         py: Python<'_>,
         request: &StreamRequest,
         batch_size: Option<&Bound<'_, PyAny>>,
         prefetch_size: Option<&Bound<'_, PyAny>>,
+        lend: bool,
     ) -> PyResult<BatchStream> {
         let options = StreamOptions {
             batch_rows: positive_usize_or(
@@ -243,6 +247,7 @@ impl DatasetService {
                 StreamOptions::default().batch_rows,
             )?,
             prefetch_rows: positive_usize_or("prefetch_size", prefetch_size, SERVER_PREFETCH_ROWS)?,
+            lend_large: lend,
             ..StreamOptions::default()
         };
         let stream = py

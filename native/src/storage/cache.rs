@@ -10,6 +10,7 @@ use arrow_array::{Array, RecordBatch};
 
 use super::codec::decode_into;
 use super::index::{IndexEntry, StoredEntry, INDEX_ENTRY_BYTES};
+use super::lend::Lender;
 use super::manifest::{FileEntry, Manifest};
 use super::mapped::{self, MappedFile};
 use super::pread::append_exact_at;
@@ -51,9 +52,11 @@ struct Remote {
 /// One open shard file.
 struct Shard {
     /// None for an empty shard.
-    map: Option<MappedFile>,
-    /// The same file, for positioned reads of large records.
-    file: File,
+    map: Option<Arc<MappedFile>>,
+    /// The same file, for positioned reads of large records (and its lease).
+    file: Arc<File>,
+    /// Large records lent from the mapping (None for an empty shard).
+    lender: Option<Arc<Lender>>,
     /// The file's (device, inode) when it was opened.
     identity: (u64, u64),
 }
@@ -81,7 +84,7 @@ impl Shard {
         let map = if len == 0 {
             None
         } else {
-            let map = MappedFile::map(&file).at("cannot memory-map", path)?;
+            let map = Arc::new(MappedFile::map(&file).at("cannot memory-map", path)?);
             // Records are read at random: 2 MiB pages where the page cache
             // has them (see `crate::prefetch::huge_pages`); only a hint.
             #[cfg(target_os = "linux")]
@@ -89,12 +92,15 @@ impl Shard {
             Some(map)
         };
         if verify {
-            let digest = hex64(xxh3_64(map.as_deref().unwrap_or(&[])));
+            let digest = hex64(xxh3_64(map.as_deref().map_or(&[][..], |m| &m[..])));
             check_digest(path, &entry.xxh3, &digest)?;
         }
+        let file = Arc::new(file);
+        let lender = map.as_ref().map(|m| Lender::new(m.clone(), file.clone()));
         Ok(Shard {
             map,
             file,
+            lender,
             identity: identity(&stat),
         })
     }
@@ -370,6 +376,28 @@ impl Cache {
         }
     }
 
+    /// Record `sample_id`'s payload as a buffer lent from its mapped shard,
+    /// verified (`lend`): Ok(None) when it is not lent (small, encoded, or its
+    /// shard cannot be leased now); copy it with `read_into` then.
+    pub fn lend(&self, sample_id: u64) -> Result<Option<arrow_buffer::Buffer>> {
+        let Some(ref entry) = self.entry(sample_id) else {
+            return Ok(None);
+        };
+        if entry.stored_len < LARGE_RECORD || !entry.stored_as_is() {
+            return Ok(None);
+        }
+        let Some(lender) = &self.shard(entry.shard as usize)?.lender else {
+            return Ok(None);
+        };
+        let Some(lent) = lender.lend(entry.offset as usize, entry.stored_len as usize) else {
+            return Ok(None);
+        };
+        // Verified once lent: a writer arriving now finds the range on loan
+        // and waits until it is a private copy of these bytes.
+        self.check_record(sample_id, entry, lent.as_slice())?;
+        Ok(Some(lent))
+    }
+
     /// Record `sample_id`'s bytes in its memory-mapped shard when they are
     /// stored as is (no codec), unverified: `verify_in_place` checks them
     /// (and opens the shard; None until then).
@@ -464,7 +492,7 @@ impl Cache {
         self.shards.iter().position(|shard| {
             shard
                 .get()
-                .is_some_and(|s| s.map.as_ref().is_some_and(MappedFile::truncated))
+                .is_some_and(|s| s.map.as_ref().is_some_and(|m| m.truncated()))
         })
     }
 
@@ -539,7 +567,7 @@ impl Cache {
     fn verify_records(&self) -> Result<VerifyReport> {
         let mut bytes = self.manifest.index.bytes + self.manifest.metadata.bytes;
         for (i, entry) in self.manifest.shards.iter().enumerate() {
-            let data = self.shard(i)?.map.as_deref().unwrap_or(&[]);
+            let data = self.shard(i)?.map.as_deref().map_or(&[][..], |m| &m[..]);
             check_digest(&self.shard_paths[i], &entry.xxh3, &hex64(xxh3_64(data)))?;
             bytes += entry.bytes;
         }

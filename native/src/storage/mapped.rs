@@ -7,8 +7,8 @@
 //!
 //! `MappedFile` registers each mapping in a process-wide table. A `SIGBUS`
 //! handler, installed once and chained to the handler before it, looks the
-//! faulting address up: when it lies in a registered mapping, it maps
-//! anonymous zero pages over the rest of that mapping (`MAP_FIXED`), marks the
+//! faulting address up: when it lies in a registered mapping, it maps an
+//! anonymous zero page over the faulting page (`MAP_FIXED`), marks the
 //! mapping truncated, counts the fault for the thread and returns, so the read
 //! completes (with zeros) instead of killing the process. A fault anywhere else
 //! goes to the previous handler (the default one kills, as before).
@@ -68,6 +68,11 @@ thread_local! {
 #[inline]
 pub fn thread_faults() -> u64 {
     THREAD_FAULTS.with(Cell::get)
+}
+
+/// The system's page size (once a file is mapped).
+pub fn page_size() -> usize {
+    PAGE_SIZE.load(Ordering::Relaxed)
 }
 
 /// How many cut-file faults the process has met (a change means some mapping
@@ -214,13 +219,13 @@ extern "C" fn on_sigbus(
         let from_fault = (*info).si_code > 0; // not sent by kill() or raise()
         if from_fault {
             if let Some(slot) = slot_of(address) {
+                // Only the faulting page: a later page may be a private copy
+                // of bytes lent out (`lend`), which zeros must not replace.
                 let page = PAGE_SIZE.load(Ordering::Relaxed);
-                let start = slot.start.load(Ordering::Relaxed);
-                let end = start + slot.len.load(Ordering::Relaxed).div_ceil(page) * page;
                 let from = address & !(page - 1);
                 let zeros = libc::mmap(
                     from as *mut libc::c_void,
-                    end - from,
+                    page,
                     libc::PROT_READ,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                     -1,

@@ -17,6 +17,7 @@ mod columnar;
 mod direct;
 mod gather;
 mod index;
+mod lend;
 mod live;
 mod manifest;
 pub mod mapped;
@@ -50,8 +51,9 @@ pub use writer::{CacheWriter, WriterOptions};
 
 /// Records at least this large are read with `pread` rather than through the
 /// memory map (one copy either way, but mapped pages would stay resident in
-/// the reader and count against its memory).
-const LARGE_RECORD: u64 = 256 << 10;
+/// the reader and count against its memory), or lent from the mapping without
+/// a copy (`lend`; a stream that lends gives each its own batch).
+pub const LARGE_RECORD: u64 = 256 << 10;
 
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const INDEX_FILE: &str = "index.bin";

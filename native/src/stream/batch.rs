@@ -11,7 +11,7 @@ use super::buffers::BufferPool;
 use crate::error::{Error, Result};
 use crate::population::{Population, PopulationColumn};
 use crate::sampling::{StreamOrder, StreamWindow};
-use crate::storage::{mapped, CacheSet};
+use crate::storage::{mapped, CacheSet, LARGE_RECORD};
 
 /// Columns every stream batch starts with, in this order (the population's
 /// requested columns follow). `BASE_COLUMNS[c as usize]` names column `c`.
@@ -70,6 +70,9 @@ pub struct BatchContext {
     /// batch (a null payload): for the per-sample iterator, which copies each
     /// from its shard straight into its Python `bytes` (one copy, not two).
     large_in_place: bool,
+    /// Large records are lent from their mapped shards, not copied
+    /// (`Cache::lend`), each in a batch of its own.
+    lend_large: bool,
 }
 
 impl BatchContext {
@@ -112,6 +115,7 @@ impl BatchContext {
             payload: true,
             buffers: Arc::default(),
             large_in_place: false,
+            lend_large: false,
         })
     }
 
@@ -156,6 +160,19 @@ impl BatchContext {
             self.large_in_place = true;
         }
         self
+    }
+
+    /// Lend large records from their shards instead of copying them, each in
+    /// a batch of its own (a batch's payload column is one buffer). For a
+    /// consumer that passes the bytes on and lets go (the Flight server).
+    pub fn with_lending(mut self, lend: bool) -> Self {
+        self.lend_large = lend && self.payload && !self.large_in_place;
+        self
+    }
+
+    /// Whether a record of `len` payload bytes goes in a batch of its own.
+    pub fn alone(&self, len: u64) -> bool {
+        self.lend_large && len >= LARGE_RECORD
     }
 
     /// The rows of window indices `first..first + n`, appended to `out` (one
@@ -246,6 +263,13 @@ impl BatchContext {
     }
 
     fn build_rows(&self, first: u64, rows: &[u32], payload_bytes: u64) -> Result<RecordBatch> {
+        if let [row] = rows {
+            if self.alone(payload_bytes) {
+                if let Some(batch) = self.build_lent(first, *row)? {
+                    return Ok(batch);
+                }
+            }
+        }
         let n = rows.len();
         let positions = UInt64Array::from_iter_values(self.window.positions(first, n as u64));
         let mut cache_ids = Vec::with_capacity(n);
@@ -304,5 +328,32 @@ impl BatchContext {
             arrays.push(column.take(rows)?);
         }
         Ok(RecordBatch::try_new(self.schema.clone(), arrays)?)
+    }
+
+    /// The one-row batch of a record lent from its shard (None: it cannot be
+    /// lent now, and is copied).
+    fn build_lent(&self, first: u64, row: u32) -> Result<Option<RecordBatch>> {
+        let (ci, sid) = self.population.record(row as usize);
+        let cache = self.caches.get(ci);
+        let Some(lent) = cache.lend(sid)? else {
+            return Ok(None);
+        };
+        let len = lent.len() as i64;
+        let mut arrays: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from_iter_values(
+                self.window.positions(first, 1),
+            )),
+            Arc::new(UInt64Array::from(vec![cache.cache_id()])),
+            Arc::new(UInt64Array::from(vec![sid])),
+            Arc::new(LargeBinaryArray::new(
+                OffsetBuffer::new(ScalarBuffer::from(vec![0i64, len])),
+                lent,
+                None,
+            )),
+        ];
+        for column in &self.columns {
+            arrays.push(column.take(&[row])?);
+        }
+        Ok(Some(RecordBatch::try_new(self.schema.clone(), arrays)?))
     }
 }

@@ -42,6 +42,9 @@ pub struct StreamOptions {
     /// Payload bytes in flight, whatever the row budget says (at least one
     /// batch is always in flight).
     pub max_in_flight_bytes: NonZeroU64,
+    /// Send records of `storage::LARGE_RECORD` bytes or more from their
+    /// mapped shards without a copy, each in a batch of its own (`Cache::lend`).
+    pub lend_large: bool,
 }
 
 impl Default for StreamOptions {
@@ -51,6 +54,7 @@ impl Default for StreamOptions {
             max_batch_bytes: nonzero64(4 << 20),
             prefetch_rows: nonzero(64),
             max_in_flight_bytes: nonzero64(64 << 20),
+            lend_large: false,
         }
     }
 }
@@ -97,7 +101,7 @@ pub struct EpochStream {
 impl EpochStream {
     pub fn new(ctx: BatchContext, pool: Arc<WorkerPool>, options: StreamOptions) -> Result<Self> {
         Ok(EpochStream {
-            ctx: Arc::new(ctx),
+            ctx: Arc::new(ctx.with_lending(options.lend_large)),
             pool,
             options,
             planned: 0,
@@ -202,13 +206,17 @@ impl EpochStream {
                 let Some(&(row, len)) = self.drawn.front() else {
                     break; // unreachable: `n` >= 1 rows were just drawn
                 };
-                if !rows.is_empty() && bytes + len > self.options.max_batch_bytes.get() {
+                let alone = self.ctx.alone(len);
+                if !rows.is_empty() && (alone || bytes + len > self.options.max_batch_bytes.get()) {
                     break;
                 }
                 self.drawn.pop_front();
                 rows.push(row);
                 bytes += len;
                 self.planned += 1;
+                if alone {
+                    break;
+                }
             }
             self.in_flight.push_back((rows.len(), bytes));
             self.in_flight_rows += rows.len();
