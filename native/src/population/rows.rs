@@ -158,9 +158,9 @@ impl PopulationRows {
         let rows = header.rows as usize;
         let keys = Slab::mapped(&map, HEADER, rows).map_err(damaged)?;
         let alias = Slab::mapped(&map, header.alias as usize, rows).map_err(damaged)?;
-        for slab_start in [HEADER, header.alias as usize] {
-            crate::prefetch::huge_pages_hint(&map[slab_start..]);
-        }
+        // Both sections are read at random; a cold file starts with
+        // single-page faults while it is read ahead (`warmup`).
+        crate::warmup::open_random(&file, &map, HEADER..map.len());
         Ok(PopulationRows {
             keys,
             alias: AliasTable::stored(alias),

@@ -1,0 +1,171 @@
+//! Opening a file that is read at random while its pages are not in memory
+//! (a server restarted after its page cache was dropped).
+//!
+//! Such files (a population's rows file) are mapped with the huge-page hint,
+//! which keeps random reads short of TLB misses once the file is in memory.
+//! But on a cold file each first touch is then a 2 MiB read: the first batch
+//! of a 10^9-row population touched about 2,000 of them (4 GB) and took 7-9 s.
+//! So a cold file starts with single-page faults and no read-around
+//! (`MADV_RANDOM`: a first batch is a few thousand 4 KiB reads), while a
+//! background thread reads the file front to back in 2 MiB steps through a
+//! mapping of its own with the huge-page hint (so the page cache holds it in
+//! 2 MiB folios, as a warm start would have). Then the hint returns.
+//!
+//! A file larger than half of the memory available is not read ahead: it
+//! cannot stay in memory, and single-page faults are then the cheaper way to
+//! read it at random.
+
+use std::fs::File;
+use std::ops::Range;
+use std::sync::{Arc, Weak};
+
+use crate::storage::mapped::{self, MappedFile};
+
+/// Pages sampled to tell a cold file from a warm one.
+const PROBES: usize = 64;
+/// At least this share of the probes resident: the file is warm.
+const WARM_SHARE: f64 = 0.9;
+const HUGE_PAGE: usize = 2 << 20;
+/// The warm-up reader returns its own pages to the kernel every this many
+/// bytes, so that its mapping does not count in the process's RSS.
+const RELEASE_EVERY: usize = 256 << 20;
+
+/// How a random-read file was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// In memory: the huge-page hint at once.
+    Warm,
+    /// Not in memory: single-page faults while a thread reads it ahead.
+    Cold,
+    /// Not in memory and too large to keep there: single-page faults.
+    TooLarge,
+}
+
+/// Advise the bytes `range` of `map` (read at random) for how much of them is
+/// in memory now (see the module's header). `file` is the mapped file, mapped
+/// again by the warm-up thread.
+pub fn open_random(file: &File, map: &Arc<MappedFile>, range: Range<usize>) -> Start {
+    let range = range.start..range.end.min(map.len());
+    let resident = (0..PROBES)
+        .filter(|i| !range.is_empty() && is_resident(map, range.start + range.len() * i / PROBES))
+        .count();
+    if range.is_empty() || resident as f64 >= WARM_SHARE * PROBES as f64 {
+        crate::prefetch::huge_pages_hint(&map[range]);
+        return Start::Warm;
+    }
+    advise(map, range.clone(), libc::MADV_RANDOM);
+    if range.len() as u64 > mem_available().unwrap_or(0) / 2 {
+        return Start::TooLarge;
+    }
+    let Ok(file) = file.try_clone() else {
+        return Start::TooLarge;
+    };
+    let serving = Arc::downgrade(map);
+    let spawned = std::thread::Builder::new()
+        .name("dataset-rt-warmup".into())
+        .spawn(move || warm_up(&file, &serving, range));
+    if spawned.is_err() {
+        return Start::TooLarge;
+    }
+    Start::Cold
+}
+
+fn warm_up(file: &File, serving: &Weak<MappedFile>, range: Range<usize>) {
+    // A mapping of its own: its faults read 2 MiB each, which the serving
+    // mapping (single pages for now) does not.
+    if let Ok(reader) = MappedFile::map(file) {
+        crate::prefetch::huge_pages_hint(&reader[range.clone()]);
+        let mut released = range.start;
+        for at in range.clone().step_by(HUGE_PAGE) {
+            if serving.strong_count() == 0 {
+                return; // closed: nobody reads it any more
+            }
+            // SAFETY: `at` lies in the mapping; a cut file reads as zeros
+            // (`mapped`), which nothing uses.
+            let _ = unsafe { std::ptr::read_volatile(reader.as_ptr().add(at)) };
+            if at + HUGE_PAGE - released >= RELEASE_EVERY {
+                drop_pages(&reader, released..at + HUGE_PAGE);
+                released = at + HUGE_PAGE;
+            }
+        }
+        drop_pages(&reader, released..range.end);
+    }
+    if let Some(map) = serving.upgrade() {
+        advise(&map, range.clone(), libc::MADV_NORMAL);
+        crate::prefetch::huge_pages_hint(&map[range]);
+    }
+}
+
+/// `advice` on the whole pages of `range`.
+fn advise(map: &MappedFile, range: Range<usize>, advice: libc::c_int) {
+    if let Some((start, len)) = whole_pages(map, range) {
+        // SAFETY: the range lies in the mapping; these advices do not change
+        // its contents.
+        unsafe { libc::madvise(start as *mut libc::c_void, len, advice) };
+    }
+}
+
+/// Out of this process's page tables (the page cache keeps the pages; a
+/// shared, read-only file mapping reads them again if touched).
+fn drop_pages(map: &MappedFile, range: Range<usize>) {
+    advise(map, range, libc::MADV_DONTNEED);
+}
+
+fn whole_pages(map: &MappedFile, range: Range<usize>) -> Option<(usize, usize)> {
+    let page = mapped::page_size();
+    let base = map.as_ptr() as usize;
+    let start = (base + range.start).next_multiple_of(page);
+    let end = (base + range.end.min(map.len())) / page * page;
+    (end > start).then(|| (start, end - start))
+}
+
+fn is_resident(map: &MappedFile, at: usize) -> bool {
+    let page = mapped::page_size();
+    let address = (map.as_ptr() as usize + at) & !(page - 1);
+    let mut vec = [0u8; 1];
+    // SAFETY: one page of our mapping; mincore writes one byte.
+    let answered =
+        unsafe { libc::mincore(address as *mut libc::c_void, page, vec.as_mut_ptr()) } == 0;
+    answered && vec[0] & 1 == 1
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn evict(file: &File) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain fadvise on our own descriptor.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+
+    #[test]
+    fn a_cold_file_is_read_ahead_and_a_warm_one_is_not() {
+        let mut temp = tempfile::NamedTempFile::new().unwrap();
+        let len = 16 << 20;
+        temp.write_all(&vec![3u8; len]).unwrap();
+        temp.as_file().sync_all().unwrap();
+        let file = File::open(temp.path()).unwrap();
+        evict(&file);
+        let map = Arc::new(MappedFile::map(&file).unwrap());
+        assert_eq!(open_random(&file, &map, 4096..len), Start::Cold);
+        // The warm-up thread reads the file into memory (bounded wait).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let all_in = || (4096..len).step_by(1 << 20).all(|at| is_resident(&map, at));
+        while !all_in() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(all_in(), "the warm-up read the file");
+        assert_eq!(open_random(&file, &map, 4096..len), Start::Warm);
+        assert!(map[4096..len].iter().all(|&b| b == 3));
+    }
+}
