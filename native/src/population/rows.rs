@@ -160,7 +160,7 @@ impl PopulationRows {
         let alias = Slab::mapped(&map, header.alias as usize, rows).map_err(damaged)?;
         // Both sections are read at random; a cold file starts with
         // single-page faults while it is read ahead (`warmup`).
-        crate::warmup::open_random(&file, &map, HEADER..map.len());
+        crate::warmup::open_random(&Arc::new(file), &map, HEADER..map.len());
         Ok(PopulationRows {
             keys,
             alias: AliasTable::stored(alias),

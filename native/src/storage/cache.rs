@@ -84,18 +84,20 @@ impl Shard {
         let map = if len == 0 {
             None
         } else {
-            let map = Arc::new(MappedFile::map(&file).at("cannot memory-map", path)?);
-            // Records are read at random: 2 MiB pages where the page cache
-            // has them (see `crate::prefetch::huge_pages`); only a hint.
-            #[cfg(target_os = "linux")]
-            let _ = map.advise(memmap2::Advice::HugePage);
-            Some(map)
+            Some(Arc::new(
+                MappedFile::map(&file).at("cannot memory-map", path)?,
+            ))
         };
         if verify {
             let digest = hex64(xxh3_64(map.as_deref().map_or(&[][..], |m| &m[..])));
             check_digest(path, &entry.xxh3, &digest)?;
         }
         let file = Arc::new(file);
+        if let Some(map) = &map {
+            // Records are read at random: 2 MiB pages where the page cache
+            // has them (see `crate::prefetch::huge_pages`); only a hint.
+            crate::prefetch::huge_pages_hint(&map[..]);
+        }
         let lender = map.as_ref().map(|m| Lender::new(m.clone(), file.clone()));
         Ok(Shard {
             map,
