@@ -174,6 +174,7 @@ impl Lender {
                 // waiting by a shard that is merely open.
                 let _ = set_lease(&self.file, libc::F_UNLCK);
                 state.lease = Lease::None;
+                unwatch(self);
             }
         }
     }
@@ -192,6 +193,7 @@ impl Lender {
         }
         let _ = set_lease(&self.file, libc::F_UNLCK);
         state.lease = Lease::Never;
+        unwatch(self);
     }
 
     /// Whether a lease break has started (checked by the watcher).
@@ -283,8 +285,9 @@ unsafe fn replace_with_copy(start: usize, len: usize) {
     }
 }
 
-/// The lenders that ever held a lease, polled by one watcher thread that runs
-/// while any of them lives.
+/// The lenders holding a lease now (few: a lease is held only while records
+/// are on loan), polled by one watcher thread. A lender enters with its lease
+/// and leaves when it gives the lease up, both under its own state lock.
 static WATCHED: Mutex<Watched> = Mutex::new(Watched {
     lenders: Vec::new(),
     running: false,
@@ -295,33 +298,56 @@ struct Watched {
     running: bool,
 }
 
-/// Called with `lender`'s state locked: takes only the `WATCHED` lock, which
-/// the watcher never holds while it locks a lender's state.
+/// The watcher ends after this many polls with no lease to watch (a thread is
+/// not started and ended for every loan).
+const IDLE_POLLS: usize = 250;
+
+/// Called with `lender`'s state locked as it takes a lease: takes only the
+/// `WATCHED` lock, which the watcher never holds while it locks a lender's
+/// state. False: no watcher could be started.
 fn watch(lender: &Arc<Lender>) -> bool {
     let mut watched = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
-    let weak = Arc::downgrade(lender);
-    if !watched.lenders.iter().any(|w| w.ptr_eq(&weak)) {
-        watched.lenders.push(weak);
-    }
     if !watched.running {
         watched.running = std::thread::Builder::new()
             .name("dataset-rt-leases".into())
             .spawn(watch_leases)
             .is_ok();
     }
+    if watched.running {
+        watched.lenders.push(Arc::downgrade(lender));
+    }
     watched.running
 }
 
+/// Called with `lender`'s state locked as it gives its lease up.
+fn unwatch(lender: &Lender) {
+    let mut watched = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+    let lenders = &mut watched.lenders;
+    if let Some(i) = lenders
+        .iter()
+        .position(|w| std::ptr::eq(w.as_ptr(), lender))
+    {
+        lenders.swap_remove(i);
+    }
+}
+
 fn watch_leases() {
+    let mut idle = 0;
     loop {
         std::thread::sleep(POLL);
         let lenders: Vec<Arc<Lender>> = {
             let mut watched = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+            // A lender dropped with its lease held (its file closed) is gone.
             watched.lenders.retain(|w| w.strong_count() > 0);
             if watched.lenders.is_empty() {
-                watched.running = false; // the next lease starts a new watcher
-                return;
+                idle += 1;
+                if idle >= IDLE_POLLS {
+                    watched.running = false; // the next lease starts a new watcher
+                    return;
+                }
+                continue;
             }
+            idle = 0;
             watched.lenders.iter().filter_map(Weak::upgrade).collect()
         };
         for lender in lenders {
@@ -353,6 +379,14 @@ mod tests {
         (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
     }
 
+    fn is_watched(lender: &Arc<Lender>) -> bool {
+        let watched = WATCHED.lock().unwrap();
+        watched
+            .lenders
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(lender)))
+    }
+
     /// Whether this file system and user can take leases at all.
     fn leases_work(lender: &Arc<Lender>) -> bool {
         let lent = lender.lend(0, 1);
@@ -369,6 +403,7 @@ mod tests {
         }
         let first = lender.lend(4096 + 5, 300_000).unwrap();
         let second = lender.lend(4096 + 5, 300_000).unwrap();
+        assert!(is_watched(&lender), "a lease held is watched");
         assert_eq!(first.as_slice(), &bytes[4096 + 5..4096 + 5 + 300_000]);
         drop(first); // its pages leave our page tables; `second` reads them again
         assert_eq!(second.as_slice(), &bytes[4096 + 5..4096 + 5 + 300_000]);
@@ -377,6 +412,7 @@ mod tests {
             !lender.holds_lease(),
             "the lease is given up with the last loan"
         );
+        assert!(!is_watched(&lender), "and no longer polled");
         let again = lender.lend(0, bytes.len()).unwrap();
         assert_eq!(again.as_slice(), &bytes[..]);
         assert!(lender.lend(1, bytes.len()).is_none(), "past the end");
