@@ -51,11 +51,8 @@ struct Remote {
 
 /// One open shard file.
 struct Shard {
-    /// None for an empty shard.
-    map: Option<Arc<MappedFile>>,
-    /// The same file, for positioned reads of large records (and its lease).
-    file: Arc<File>,
-    /// Large records lent from the mapping (None for an empty shard).
+    /// The shard's mapping and file, and the large records lent from it
+    /// (None for an empty shard, which has no records to read).
     lender: Option<Arc<Lender>>,
     /// The file's (device, inode) when it was opened.
     identity: (u64, u64),
@@ -98,11 +95,8 @@ impl Shard {
             // has them (see `crate::prefetch::huge_pages`); only a hint.
             crate::prefetch::huge_pages_hint(&map[..]);
         }
-        let lender = map.as_ref().map(|m| Lender::new(m.clone(), file.clone()));
         Ok(Shard {
-            map,
-            file,
-            lender,
+            lender: map.map(|m| Lender::new(m, file)),
             identity: identity(&stat),
         })
     }
@@ -427,7 +421,12 @@ impl Cache {
             Error::corrupt(&self.shard_paths[shard], format!("record {sample_id}: {e}"))
         };
         let start = out.len();
-        let file = &self.shard(shard)?.file;
+        // Index entries are checked against their shard's length at open, so
+        // a record with bytes has a shard with bytes.
+        let Some(lender) = &self.shard(shard)?.lender else {
+            return Err(read_error(std::io::ErrorKind::UnexpectedEof.into()));
+        };
+        let file = lender.file();
         if entry.stored_as_is() {
             let checked = append_exact_at(file, out, entry.raw_len as usize, entry.offset)
                 .map_err(read_error)
@@ -494,7 +493,7 @@ impl Cache {
         self.shards.iter().position(|shard| {
             shard
                 .get()
-                .is_some_and(|s| s.map.as_ref().is_some_and(|m| m.truncated()))
+                .is_some_and(|s| s.map().is_some_and(|m| m.truncated()))
         })
     }
 
@@ -569,7 +568,7 @@ impl Cache {
     fn verify_records(&self) -> Result<VerifyReport> {
         let mut bytes = self.manifest.index.bytes + self.manifest.metadata.bytes;
         for (i, entry) in self.manifest.shards.iter().enumerate() {
-            let data = self.shard(i)?.map.as_deref().map_or(&[][..], |m| &m[..]);
+            let data = self.shard(i)?.map().map_or(&[][..], |m| &m[..]);
             check_digest(&self.shard_paths[i], &entry.xxh3, &hex64(xxh3_64(data)))?;
             bytes += entry.bytes;
         }
@@ -587,8 +586,13 @@ impl Cache {
 }
 
 impl Shard {
+    /// The mapping (None when the shard is empty).
+    fn map(&self) -> Option<&MappedFile> {
+        self.lender.as_deref().map(Lender::map)
+    }
+
     fn bytes(&self, entry: &IndexEntry) -> &[u8] {
-        match &self.map {
+        match self.map() {
             Some(map) => &map[entry.offset as usize..(entry.offset + entry.stored_len) as usize],
             None => &[],
         }

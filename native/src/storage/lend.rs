@@ -97,6 +97,16 @@ impl Lender {
         })
     }
 
+    /// The shard's mapping.
+    pub fn map(&self) -> &MappedFile {
+        &self.map
+    }
+
+    /// The shard's file (for positioned reads of large records).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     fn state(&self) -> MutexGuard<'_, LendState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

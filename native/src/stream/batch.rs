@@ -271,7 +271,6 @@ impl BatchContext {
             }
         }
         let n = rows.len();
-        let positions = UInt64Array::from_iter_values(self.window.positions(first, n as u64));
         let mut cache_ids = Vec::with_capacity(n);
         let mut sample_ids = Vec::with_capacity(n);
         let mut offsets = Vec::with_capacity(if self.payload { n + 1 } else { 0 });
@@ -312,22 +311,14 @@ impl BatchContext {
             cache_ids.push(cache.cache_id());
             sample_ids.push(sid);
         }
-        let mut arrays: Vec<ArrayRef> = vec![
-            Arc::new(positions),
-            Arc::new(UInt64Array::from(cache_ids)),
-            Arc::new(UInt64Array::from(sample_ids)),
-        ];
-        if self.payload {
-            arrays.push(Arc::new(LargeBinaryArray::new(
+        let payload = self.payload.then(|| {
+            Arc::new(LargeBinaryArray::new(
                 OffsetBuffer::new(ScalarBuffer::from(offsets)),
                 self.buffers.share(values),
                 nulls.and_then(|mut nulls| nulls.finish()),
-            )));
-        }
-        for column in &self.columns {
-            arrays.push(column.take(rows)?);
-        }
-        Ok(RecordBatch::try_new(self.schema.clone(), arrays)?)
+            )) as ArrayRef
+        });
+        self.assemble(first, rows, cache_ids, sample_ids, payload)
     }
 
     /// The one-row batch of a record lent from its shard (None: it cannot be
@@ -339,21 +330,41 @@ impl BatchContext {
             return Ok(None);
         };
         let len = lent.len() as i64;
+        let payload = LargeBinaryArray::new(
+            OffsetBuffer::new(ScalarBuffer::from(vec![0i64, len])),
+            lent,
+            None,
+        );
+        let batch = self.assemble(
+            first,
+            &[row],
+            vec![cache.cache_id()],
+            vec![sid],
+            Some(Arc::new(payload)),
+        )?;
+        Ok(Some(batch))
+    }
+
+    /// The batch of window indices `first..first + rows.len()` from its
+    /// records' ids and (when the stream carries it) payload column.
+    fn assemble(
+        &self,
+        first: u64,
+        rows: &[u32],
+        cache_ids: Vec<u64>,
+        sample_ids: Vec<u64>,
+        payload: Option<ArrayRef>,
+    ) -> Result<RecordBatch> {
+        let positions = self.window.positions(first, rows.len() as u64);
         let mut arrays: Vec<ArrayRef> = vec![
-            Arc::new(UInt64Array::from_iter_values(
-                self.window.positions(first, 1),
-            )),
-            Arc::new(UInt64Array::from(vec![cache.cache_id()])),
-            Arc::new(UInt64Array::from(vec![sid])),
-            Arc::new(LargeBinaryArray::new(
-                OffsetBuffer::new(ScalarBuffer::from(vec![0i64, len])),
-                lent,
-                None,
-            )),
+            Arc::new(UInt64Array::from_iter_values(positions)),
+            Arc::new(UInt64Array::from(cache_ids)),
+            Arc::new(UInt64Array::from(sample_ids)),
         ];
+        arrays.extend(payload);
         for column in &self.columns {
-            arrays.push(column.take(&[row])?);
+            arrays.push(column.take(rows)?);
         }
-        Ok(Some(RecordBatch::try_new(self.schema.clone(), arrays)?))
+        Ok(RecordBatch::try_new(self.schema.clone(), arrays)?)
     }
 }
