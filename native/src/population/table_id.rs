@@ -52,6 +52,10 @@ pub fn table_id(table: &MappedTable) -> Result<String> {
         hash: twox_hash::XxHash3_128::new(),
         placeholders: &placeholders,
         batches,
+        file: FileBytes {
+            path: table.path(),
+            map: table.bytes(),
+        },
         failure: None,
     };
     let written = (|| {
@@ -251,8 +255,43 @@ struct HashSink<'a> {
     hash: twox_hash::XxHash3_128,
     placeholders: &'a [Placeholder],
     batches: &'a [RecordBatch],
+    file: FileBytes<'a>,
     /// Why the chunks could not be read (a damaged file).
     failure: Option<String>,
+}
+
+/// The table's file and its mapping, which the chunks' buffers lie in: the
+/// large ones are read from the file (`storage::ranges`), not the mapping.
+struct FileBytes<'a> {
+    path: &'a std::path::Path,
+    map: &'a [u8],
+}
+
+impl FileBytes<'_> {
+    /// Feed `slices` (of the mapping) to `out` in order, read from the file.
+    fn feed(
+        &self,
+        slices: &[&[u8]],
+        out: &mut dyn FnMut(&[u8]),
+    ) -> std::result::Result<(), String> {
+        let base = self.map.as_ptr() as usize;
+        let mut ranges = Vec::with_capacity(slices.len());
+        for slice in slices {
+            let at = (slice.as_ptr() as usize).wrapping_sub(base);
+            if slice.is_empty() {
+                continue;
+            }
+            if at
+                .checked_add(slice.len())
+                .is_none_or(|end| end > self.map.len())
+            {
+                return Err("a chunk's buffer lies outside the file".into());
+            }
+            ranges.push(at as u64..(at + slice.len()) as u64);
+        }
+        crate::storage::ranges::read_ranges(self.path, &ranges, out)
+            .map_err(|e| format!("cannot read the table: {e}"))
+    }
 }
 
 impl Write for HashSink<'_> {
@@ -271,7 +310,8 @@ impl Write for HashSink<'_> {
                     .map(|b| b.column(p.column).to_data())
                     .collect();
                 let hash = &mut self.hash;
-                if let Err(detail) = generate(p.make, &parts, &mut |b: &[u8]| hash.write(b)) {
+                let fed = generate(p.make, &parts, &self.file, &mut |b: &[u8]| hash.write(b));
+                if let Err(detail) = fed {
                     self.failure = Some(detail);
                     return Err(std::io::Error::other("a chunk cannot be read"));
                 }
@@ -294,19 +334,24 @@ impl Write for HashSink<'_> {
 fn generate(
     make: Make,
     parts: &[ArrayData],
+    file: &FileBytes<'_>,
     out: &mut dyn FnMut(&[u8]),
 ) -> std::result::Result<(), String> {
     let short = |what: &str| format!("a chunk's {what} are cut short");
     match make {
         Make::Values { width } => {
+            let mut slices = Vec::with_capacity(parts.len());
             for part in parts {
                 let range = part.offset() * width..(part.offset() + part.len()) * width;
                 let buffer = part.buffers().first().ok_or_else(|| short("values"))?;
-                out(buffer
-                    .as_slice()
-                    .get(range)
-                    .ok_or_else(|| short("values"))?);
+                slices.push(
+                    buffer
+                        .as_slice()
+                        .get(range)
+                        .ok_or_else(|| short("values"))?,
+                );
             }
+            file.feed(&slices, out)?;
         }
         Make::Validity | Make::Bools => {
             let mut bits = PackedBits::default();
@@ -351,15 +396,18 @@ fn generate(
             out(&chunk);
         }
         Make::Bytes => {
+            let mut slices = Vec::with_capacity(parts.len());
             for part in parts {
                 let (first, last) = offset_range(part)?;
                 let buffer = part.buffers().get(1).ok_or_else(|| short("strings"))?;
-                let bytes = buffer
-                    .as_slice()
-                    .get(first as usize..last as usize)
-                    .ok_or_else(|| short("strings"))?;
-                out(bytes);
+                slices.push(
+                    buffer
+                        .as_slice()
+                        .get(first as usize..last as usize)
+                        .ok_or_else(|| short("strings"))?,
+                );
             }
+            file.feed(&slices, out)?;
         }
     }
     Ok(())

@@ -216,7 +216,7 @@ impl Write for DirectWriter {
 
 /// Turn `O_DIRECT` on or off for `file`'s open file description (every
 /// handle of it: `try_clone` shares it). Off Linux direct writes are refused.
-fn set_direct(file: &File, on: bool) -> io::Result<()> {
+pub(super) fn set_direct(file: &File, on: bool) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;

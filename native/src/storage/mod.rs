@@ -26,6 +26,7 @@ mod pipeline;
 mod pread;
 mod profile;
 pub(crate) mod publish;
+pub mod ranges;
 mod schema;
 mod slab;
 pub(crate) mod temp;
