@@ -246,7 +246,12 @@ class DatasetClient:
         arrow = pa.table(table)
         writer, reader = self._call("do_put", descriptor, arrow.schema)
         try:
-            writer.write_table(arrow)
+            # In bounded messages, as a streamed put: a DataFrame is often one
+            # chunk, and one message of the whole table would be held whole by
+            # gRPC on both ends (a 10^7-row table: 320 MB).
+            for batch in arrow.to_batches():
+                for piece in _bounded(batch, PUT_MESSAGE_BYTES):
+                    writer.write_batch(piece)
             writer.done_writing()
             answer = reader.read()
         finally:

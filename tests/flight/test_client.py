@@ -8,15 +8,18 @@ seed 1) and ``beta`` (100 records, seed 2) with the metadata of ``make_records``
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.flight as flight
 import pytest
 from conftest import make_records, payload
 
 from flight_client import DatasetClient, EpochSample
+from flight_client.client import PUT_MESSAGE_BYTES
 from flight_server import Catalog
 
 from .conftest import DATASET, ROWS, ROWS_A, ROWS_B, STORED_COLUMNS, STREAM_COLUMNS, payload_size
@@ -204,3 +207,47 @@ def test_client_rejects_an_empty_location_list() -> None:
 def test_torch_loader_without_torch_raises_import_error_naming_torch() -> None:
     with pytest.raises(ImportError, match="torch"):
         import flight_client.torch  # noqa: F401
+
+
+class _RecordingPutServer(flight.FlightServerBase):  # type: ignore[misc]
+    """A plain pyarrow Flight server that records the Arrow bytes of each
+    message of a ``do_put`` and answers as ours does."""
+
+    def __init__(self) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.messages: list[int] = []
+        self.rows = 0
+
+    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        for chunk in reader:
+            if chunk.data is not None:
+                self.messages.append(chunk.data.nbytes)
+                self.rows += chunk.data.num_rows
+        answer = {"population": "0" * 32, "rows": self.rows, "epoch_len": self.rows}
+        writer.write(pa.py_buffer(json.dumps(answer).encode()))
+
+
+@pytest.mark.parametrize("form", ["DataFrame", "pyarrow.Table", "LazyFrame"])
+def test_a_put_is_sent_in_bounded_messages_whatever_the_table_form(form: str) -> None:
+    """An eager table of one 16 MiB chunk goes out as messages of at most
+    PUT_MESSAGE_BYTES (with slack for slicing), as a streamed one does: the
+    server never holds a whole table in one gRPC message."""
+    rows = 2 << 20
+    frame = pl.DataFrame({"cache_id": pl.Series([7] * rows, dtype=pl.UInt64)}).with_columns(
+        sample_id=pl.int_range(rows, dtype=pl.UInt64)
+    )
+    table: Any = {
+        "DataFrame": frame,
+        "pyarrow.Table": frame.to_arrow(),
+        "LazyFrame": frame.lazy(),
+    }[form]
+    server = _RecordingPutServer()
+    client = DatasetClient([f"grpc://127.0.0.1:{server.port}"])
+    try:
+        assert client.update_metadata(DATASET, table) == "0" * 32
+    finally:
+        client.close()
+        server.shutdown()
+    assert server.rows == rows
+    assert len(server.messages) >= 4, server.messages
+    assert max(server.messages) <= PUT_MESSAGE_BYTES * 1.01, server.messages
