@@ -18,8 +18,10 @@ whose estimated disk need passes the free space less 5 GB is skipped with a mess
 3. put: a population of N rows (``sample_id`` = i % records, so with fewer records
    than rows each record is in it N / records times; ``label`` the stored value,
    ``weight`` = 1 / (1 + label % 10)) by plain ``pyarrow.flight`` ``do_put`` in
-   batches of 10^6 rows; rows/s until the PutResult is read, the server's peak RssAnon
-   (sampled every 0.1 s) during the put, and its RSS after.
+   batches of ``--put-batch-rows`` (default 10^6 rows, 32 MB messages;
+   ``flight_client`` sends at most 4 MiB, 131,072 rows of this table); rows/s until
+   the PutResult is read, the server's peak RssAnon (sampled every 0.1 s) during the
+   put, and its RSS after. ``--put-only`` stops here.
 4. time to first batch: 200 ``do_get`` of tickets for random epochs of 4096 shuffled
    positions; p50/p99 ms from ``do_get`` to the first batch, the first time and again
    (the same tickets: the pages they read are then resident).
@@ -141,9 +143,12 @@ def record_batches(records: int) -> pa.RecordBatchReader:
     return pa.RecordBatchReader.from_batches(schema, batches())
 
 
-def population_batches(cache_id: int, records: int, rows: int) -> Iterator[pa.RecordBatch]:
-    for start in range(0, rows, BATCH):
-        sample = np.arange(start, min(rows, start + BATCH), dtype=np.uint64) % np.uint64(records)
+def population_batches(
+    cache_id: int, records: int, rows: int, batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    for start in range(0, rows, batch_rows):
+        stop = min(rows, start + batch_rows)
+        sample = np.arange(start, stop, dtype=np.uint64) % np.uint64(records)
         label = (sample % np.uint64(1000)).astype(np.int64)
         cache_ids = np.full(len(sample), cache_id, dtype=np.uint64)
         columns = [cache_ids, sample, label, 1.0 / (1 + label % 10)]
@@ -190,11 +195,13 @@ def start_server(cache: Path, state: Path, workdir: Path, records: int) -> tuple
     return server, time.perf_counter() - started
 
 
-def put(location: str, pid: int, cache_id: int, records: int, rows: int) -> dict[str, Any]:
+def put(
+    location: str, pid: int, cache_id: int, records: int, rows: int, batch_rows: int
+) -> dict[str, Any]:
     client = flight.connect(location)
     options = flight.FlightCallOptions(timeout=timeout_for(rows))
     descriptor = flight.FlightDescriptor.for_command(json.dumps({"dataset": DATASET}))
-    batches = population_batches(cache_id, records, rows)
+    batches = population_batches(cache_id, records, rows, batch_rows)
     first = next(batches)
     stop_sampling = sample_peak(pid)
     started = time.perf_counter()
@@ -329,8 +336,8 @@ def restart_cold(
         server.stop()
 
 
-def run_size(rows: int, data_dir: Path, workers: int, max_records: int) -> dict[str, Any] | None:
-    records = min(rows, max_records)
+def run_size(rows: int, data_dir: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+    records = min(rows, int(args.max_records))
     need = records * DISK_PER_RECORD + rows * DISK_PER_ROW
     data_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(data_dir).free
@@ -341,7 +348,7 @@ def run_size(rows: int, data_dir: Path, workers: int, max_records: int) -> dict[
     result: dict[str, Any] = {"rows": rows, "records": records}
     with common.scratch_dir(data_dir, f"scale-{rows}-") as workdir:
         log(f"{rows:.0e} rows: ingest of {records} records")
-        cache, result["ingest_records_s"] = ingest(workdir / "caches", records, workers)
+        cache, result["ingest_records_s"] = ingest(workdir / "caches", records, args.num_workers)
         cache_id, state = int(_native.inspect_cache(str(cache)).cache_id), workdir / "state"
         server = None
         try:
@@ -350,7 +357,9 @@ def run_size(rows: int, data_dir: Path, workers: int, max_records: int) -> dict[
             pid = server.proc.pid
             result |= {f"start_{k}": v for k, v in rss(pid).items()}
             log(f"{rows:.0e} rows: put")
-            result |= put(server.location, pid, cache_id, records, rows)
+            result |= put(server.location, pid, cache_id, records, rows, args.put_batch_rows)
+            if args.put_only:
+                return result
             log(f"{rows:.0e} rows: reads")
             result |= reads(server.location, rows)
             log(f"{rows:.0e} rows: scans")
@@ -422,6 +431,13 @@ def main() -> int:
         default=MAX_RECORDS,
         help="records in the cache at most (1e8); rows past it repeat records",
     )
+    parser.add_argument(
+        "--put-batch-rows",
+        type=lambda text: int(float(text)),
+        default=BATCH,
+        help="rows per do_put message (1e6: 32 MB; flight_client sends 131072: 4 MiB)",
+    )
+    parser.add_argument("--put-only", action="store_true", help="stop each size after the put")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures here")
     parser.add_argument(
         "--data-dir",
@@ -430,9 +446,9 @@ def main() -> int:
         help="where each size's files go (default benchmarks/.bench-data, removed afterwards)",
     )
     args = parser.parse_args()
-    sizes = [
-        run_size(rows, args.data_dir, args.num_workers, int(args.max_records)) for rows in args.rows
-    ]
+    if args.put_batch_rows < 1:
+        parser.error(f"--put-batch-rows must be at least 1, got {args.put_batch_rows}")
+    sizes = [run_size(rows, args.data_dir, args) for rows in args.rows]
     results = [result for result in sizes if result is not None]
     if results:
         print(markdown(results))
