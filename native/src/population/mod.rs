@@ -175,6 +175,12 @@ impl Population {
         self.rows.prefetch(row)
     }
 
+    /// Start reading the records of `rows` from the disk if the population's
+    /// file is not in memory yet (`PopulationRows::read_ahead`).
+    pub fn read_ahead(&self, rows: &[u32]) {
+        self.rows.read_ahead(rows)
+    }
+
     /// A column for stream batches: stored columns in their cache type,
     /// `weight` as Float64, extra columns as supplied.
     pub fn column(&self, name: &str) -> Result<Option<PopulationColumn>> {

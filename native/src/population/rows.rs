@@ -55,6 +55,8 @@ pub struct PopulationRows {
     last_cache: u32,
     map: Arc<MappedFile>,
     path: std::path::PathBuf,
+    /// Set while the file is not in memory (`warmup`).
+    cold: crate::warmup::Cold,
 }
 
 /// The xxh3 of `caches`' ids in order: which caches, in which order, cache
@@ -160,10 +162,12 @@ impl PopulationRows {
         let alias = Slab::mapped(&map, header.alias as usize, rows).map_err(damaged)?;
         // Both sections are read at random; a cold file starts with
         // single-page faults while it is read ahead (`warmup`).
-        crate::warmup::open_random(&Arc::new(file), &map, HEADER..map.len());
+        let cold = crate::warmup::Cold::default();
+        crate::warmup::open_random(&Arc::new(file), &map, HEADER..map.len(), &cold);
         Ok(PopulationRows {
             keys,
-            alias: AliasTable::stored(alias),
+            alias: AliasTable::stored(alias, cold.clone()),
+            cold,
             last_cache: caches.caches().len().saturating_sub(1) as u32,
             map,
             path: path.to_path_buf(),
@@ -216,6 +220,17 @@ impl PopulationRows {
     pub fn prefetch(&self, row: usize) {
         if let Some(key) = self.keys.get(row) {
             crate::prefetch::prefetch_line(key);
+        }
+    }
+
+    /// While the file is cold, start reading the pages of `rows`' records all
+    /// at once, so that their disk reads overlap (a CPU prefetch does not
+    /// fault a page in). Nothing once the file is in memory.
+    pub fn read_ahead(&self, rows: &[u32]) {
+        if self.cold.is_cold() {
+            for key in rows.iter().filter_map(|&row| self.keys.get(row as usize)) {
+                crate::warmup::will_need(key);
+            }
         }
     }
 }

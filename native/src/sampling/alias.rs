@@ -124,6 +124,8 @@ fn fraction_to_threshold(p: f64) -> u32 {
 /// The alias table of a population, read where it is stored.
 pub struct AliasTable {
     columns: Slab<AliasColumn>,
+    /// Set while the stored table is not in memory (`warmup`).
+    cold: crate::warmup::Cold,
 }
 
 impl AliasTable {
@@ -142,12 +144,14 @@ impl AliasTable {
         crate::prefetch::huge_pages(&columns);
         Ok(AliasTable {
             columns: Slab::from_vec(columns),
+            cold: Default::default(),
         })
     }
 
-    /// A table built by `build_alias` where `columns` holds it.
-    pub fn stored(columns: Slab<AliasColumn>) -> Self {
-        AliasTable { columns }
+    /// A table built by `build_alias` where `columns` holds it; `cold` while
+    /// its file is not in memory.
+    pub fn stored(columns: Slab<AliasColumn>, cold: crate::warmup::Cold) -> Self {
+        AliasTable { columns, cold }
     }
 
     pub fn len(&self) -> usize {
@@ -176,7 +180,8 @@ impl AliasTable {
 
     /// Draw the rows of many words at once: the table entries of a block are
     /// prefetched before any is read, so their cache misses overlap instead of
-    /// being paid one after another. Same results as `sample` word by word.
+    /// being paid one after another; while the table is cold, their pages
+    /// are read together too. Same results as `sample` word by word.
     pub fn sample_many(&self, words: impl Iterator<Item = u64>, out: &mut Vec<u32>) {
         const BLOCK: usize = 32;
         let columns: &[AliasColumn] = &self.columns;
@@ -184,10 +189,15 @@ impl AliasTable {
         let mut products = [0u128; BLOCK];
         let mut words = words.peekable();
         while words.peek().is_some() {
+            let cold = self.cold.is_cold();
             let mut filled = 0;
             for (slot, word) in products.iter_mut().zip(words.by_ref()) {
                 *slot = word as u128 * n;
-                crate::prefetch::prefetch_line(&columns[(*slot >> 64) as usize]);
+                let entry = &columns[(*slot >> 64) as usize];
+                if cold {
+                    crate::warmup::will_need(entry);
+                }
+                crate::prefetch::prefetch_line(entry);
                 filled += 1;
             }
             for &product in &products[..filled] {

@@ -205,6 +205,7 @@ impl BatchContext {
             lens.resize(lens.len() + rows.len(), 0);
             return;
         }
+        self.population.read_ahead(rows);
         for step in (2..=3).rev() {
             for &row in rows.iter().take((step - 1) * PREFETCH_DISTANCE) {
                 self.prefetch(step, row);
@@ -277,6 +278,10 @@ impl BatchContext {
         offsets.push(0i64);
         let mut values = self.buffers.take(payload_bytes as usize);
         let mut nulls = self.large_in_place.then(|| NullBufferBuilder::new(n));
+        if !self.payload {
+            // With payloads, `payload_lens` asked for the rows already.
+            self.population.read_ahead(rows);
+        }
         if self.payload {
             for step in (1..=2).rev() {
                 for &row in rows.iter().take(step * PREFETCH_DISTANCE) {
