@@ -121,8 +121,9 @@ class CachedDataset:
         table = self._engine.metadata()
         schema = pa.RecordBatchReader.from_stream(table).schema
 
-        def open_batches() -> Iterator[pa.RecordBatch]:
-            return iter(pa.RecordBatchReader.from_stream(table))
+        def open_batches(columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+            read = table if columns is None else table.select(columns)
+            return iter(pa.RecordBatchReader.from_stream(read))
 
         return scan_batches(schema, open_batches, name="dataset_rt population")
 

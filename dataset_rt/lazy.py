@@ -2,10 +2,10 @@
 
 Two conversions, shared by `CachedDataset` and `flight_client.DatasetClient`:
 
-- `scan_batches`: an Arrow stream (opened afresh for every query) as a
-  `LazyFrame`, through a Polars IO source that yields it batch by batch and
-  applies the query's projection, predicate and row limit to each batch, so a
-  scan holds one batch at a time.
+- `scan_batches`: an Arrow stream (opened afresh for every query, asked for the
+  columns the query reads) as a `LazyFrame`, through a Polars IO source that
+  yields it batch by batch and applies the query's projection, predicate and
+  row limit to each batch, so a scan holds one batch at a time.
 - `streamed`: a `LazyFrame` (run by Polars' streaming engine) or a Parquet path
   (a file or a directory, read by ``pyarrow.dataset``) as a `StreamedTable`: an
   Arrow schema known before the first batch and the batches, each cast to it.
@@ -29,6 +29,9 @@ import pyarrow as pa
 BATCH_ROWS = 65_536
 
 BatchOpener = Callable[[], Iterator[pa.RecordBatch]]
+#: Opens a stream of the columns named (in the stream's own order), or of every
+#: column for None.
+ColumnsOpener = Callable[[list[str] | None], Iterator[pa.RecordBatch]]
 T = TypeVar("T")
 
 
@@ -40,13 +43,29 @@ def polars_schema(schema: pa.Schema) -> pl.Schema:
     return pl.DataFrame(schema.empty_table()).schema
 
 
-def scan_batches(schema: pa.Schema, open_batches: BatchOpener, *, name: str) -> pl.LazyFrame:
-    """A `LazyFrame` over the Arrow batches ``open_batches()`` yields (of ``schema``).
+def read_columns(
+    schema: pa.Schema, with_columns: list[str] | None, predicate: pl.Expr | None
+) -> list[str] | None:
+    """The columns a query reads from a stream of ``schema``, in the stream's
+    order: those it projects and those its predicate names (None: all of them)."""
+    if with_columns is None:
+        return None
+    wanted = set(with_columns)
+    if predicate is not None:
+        wanted.update(predicate.meta.root_names())
+    columns = [name for name in schema.names if name in wanted]
+    return columns if columns and len(columns) < len(schema.names) else None
 
-    Every query opens the stream again and reads it batch by batch: the
-    predicate is applied to each batch, then the projection, and the stream is
-    closed as soon as ``n_rows`` rows were produced. ``name`` labels the scan in
-    ``LazyFrame.explain()``.
+
+def scan_batches(schema: pa.Schema, open_batches: ColumnsOpener, *, name: str) -> pl.LazyFrame:
+    """A `LazyFrame` over the Arrow batches ``open_batches(columns)`` yields (of
+    ``schema``, or of its ``columns`` when they are named).
+
+    Every query opens the stream again, asking for the columns it reads (its
+    projection and its predicate's; a wide table's other columns are never
+    read), and reads it batch by batch: the predicate is applied to each batch,
+    then the projection, and the stream is closed as soon as ``n_rows`` rows
+    were produced. ``name`` labels the scan in ``LazyFrame.explain()``.
     """
     from polars.io.plugins import register_io_source
 
@@ -58,7 +77,7 @@ def scan_batches(schema: pa.Schema, open_batches: BatchOpener, *, name: str) -> 
     ) -> Iterator[pl.DataFrame]:
         rows = batch_size or BATCH_ROWS
         left = n_rows
-        batches = open_batches()
+        batches = open_batches(read_columns(schema, with_columns, predicate))
         try:
             for batch in batches:
                 for start in range(0, batch.num_rows, rows):

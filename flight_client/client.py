@@ -157,18 +157,20 @@ class DatasetClient:
         read without rows. Every query streams the metadata ticket and applies its
         filter, projection and row limit batch by batch as the batches arrive (a
         broken stream resumes on the next location, after the rows it delivered);
-        ``scan_metadata(d).collect()`` equals ``get_metadata(d)``.
+        ``scan_metadata(d).collect()`` equals ``get_metadata(d)``. A query is
+        sent only the columns it reads (its projection and its filter's): the
+        ticket names them.
         """
         if population is None:
             population = str(self.populations(dataset)["active"]["population"])
-        body = {"dataset": dataset, "metadata": True, "population": population}
-        ticket = flight.Ticket(json.dumps(body).encode())
-        schema = self._metadata_schema(ticket)
-        return scan_batches(
-            schema,
-            lambda: self._metadata_batches(ticket),
-            name=f"flight population {dataset}/{population}",
-        )
+        body: dict[str, Any] = {"dataset": dataset, "metadata": True, "population": population}
+        schema = self._metadata_schema(flight.Ticket(json.dumps(body).encode()))
+
+        def open_batches(columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+            query = body if columns is None else {**body, "columns": columns}
+            return self._metadata_batches(flight.Ticket(json.dumps(query).encode()))
+
+        return scan_batches(schema, open_batches, name=f"flight population {dataset}/{population}")
 
     def _metadata_schema(self, ticket: flight.Ticket) -> pa.Schema:
         errors: list[str] = []

@@ -224,7 +224,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         try:
             if isinstance(parsed, engine.MetadataRequest):
                 # Slices of the mapped table, one at a time: never the table whole.
-                stream = service.metadata_stream(parsed.population)
+                stream = service.metadata_stream(parsed.population, parsed.columns)
             else:
                 # Pinned here, so that the log names the population it reads even
                 # when the ticket names none (the engine pins it alike).

@@ -103,9 +103,12 @@ def test_the_source_receives_the_projection_the_filter_and_the_limit() -> None:
     """What the IO source is asked for, and what it reads: a few batches, not all."""
     table = pa.table({"a": range(10 * BATCH_ROWS), "b": [1.0] * (10 * BATCH_ROWS)})
     opened: list[int] = []
+    asked: list[list[str] | None] = []
 
-    def open_batches() -> Iterator[pa.RecordBatch]:
-        for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+    def open_batches(columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+        asked.append(columns)
+        read = table if columns is None else table.select(columns)
+        for batch in read.to_batches(max_chunksize=BATCH_ROWS):
             opened.append(batch.num_rows)
             yield batch
 
@@ -115,11 +118,25 @@ def test_the_source_receives_the_projection_the_filter_and_the_limit() -> None:
     assert "SELECTION" in plan, plan
     assert scan.head(3).collect()["a"].to_list() == [0, 1, 2]
     assert len(opened) == 1, "a limit stops the stream after the batch that reaches it"
+    assert asked == [None], "a query of every column asks for every column"
     opened.clear()
     assert scan.filter(pl.col("a") >= 9 * BATCH_ROWS).select(pl.len()).collect().item() == (
         BATCH_ROWS
     )
     assert len(opened) == 10
+    # The stream is asked for the columns the query reads: the filter's column
+    # is read even though the result does not hold it.
+    assert scan.filter(pl.col("a") == 5).select("b").collect()["b"].to_list() == [1.0]
+    assert asked[-1] is None, "a and b are every column"
+    narrow = pa.table({"a": [1, 2, 3], "b": [1.0, 2.0, 3.0], "c": ["x", "y", "z"]})
+
+    def open_narrow(columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+        asked.append(columns)
+        return iter((narrow if columns is None else narrow.select(columns)).to_batches())
+
+    three = scan_batches(narrow.schema, open_narrow, name="test")
+    assert three.filter(pl.col("c") != "y").select("a").collect()["a"].to_list() == [1, 3]
+    assert asked[-1] == ["a", "c"], "the query's columns, in the stream's order"
 
 
 # -- writing ----------------------------------------------------------------------

@@ -122,7 +122,10 @@ pub enum Ticket {
     Metadata(MetadataRequest),
 }
 
-/// A population's metadata table: `{"dataset", "metadata": true, "population"?}`.
+/// A population's metadata table: `{"dataset", "metadata": true,
+/// "population"?, "columns"?}`. `columns` names the columns to send, in that
+/// order (a reader that needs a few columns of a wide table is sent those
+/// only); without it, every column.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetadataRequest {
@@ -130,6 +133,31 @@ pub struct MetadataRequest {
     pub metadata: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub population: Option<PopulationId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub columns: Option<Vec<String>>,
+}
+
+impl MetadataRequest {
+    /// The column list is not empty and names no column twice (whether the
+    /// population has them is known once it is opened).
+    fn check(self) -> Result<Self> {
+        if let Some(columns) = &self.columns {
+            if columns.is_empty() {
+                return Err(Error::invalid(
+                    "'columns' in the ticket names no column; name at least one, \
+                     or leave 'columns' out for every column",
+                ));
+            }
+            for (i, name) in columns.iter().enumerate() {
+                if columns[..i].contains(name) {
+                    return Err(Error::invalid(format!(
+                        "'columns' in the ticket names '{name}' twice; name each column once"
+                    )));
+                }
+            }
+        }
+        Ok(self)
+    }
 }
 
 impl StreamRequest {
@@ -253,7 +281,9 @@ impl Ticket {
             if let Some(object) = value.as_object_mut() {
                 object.insert("metadata".into(), Value::Bool(true));
             }
-            return deserialize(value, "ticket").map(Ticket::Metadata);
+            return deserialize::<MetadataRequest>(value, "ticket")
+                .and_then(MetadataRequest::check)
+                .map(Ticket::Metadata);
         }
         StreamRequest::from_value(value, "ticket").map(Ticket::Stream)
     }
@@ -395,5 +425,24 @@ mod tests {
         ));
         let stream = Ticket::parse(br#"{"dataset":"t","metadata":false,"seed":1,"epoch":0}"#);
         assert!(matches!(stream.unwrap(), Ticket::Stream(_)));
+    }
+
+    #[test]
+    fn metadata_tickets_name_their_columns_once() {
+        let parsed = Ticket::parse(br#"{"dataset":"t","metadata":true,"columns":["b","a"]}"#);
+        let Ticket::Metadata(request) = parsed.unwrap() else {
+            panic!("a metadata ticket");
+        };
+        assert_eq!(
+            request.columns,
+            Some(vec!["b".to_string(), "a".to_string()])
+        );
+        let error = |raw: &[u8]| Ticket::parse(raw).unwrap_err().to_string();
+        let empty = error(br#"{"dataset":"t","metadata":true,"columns":[]}"#);
+        assert!(empty.contains("names no column"), "{empty}");
+        let twice = error(br#"{"dataset":"t","metadata":true,"columns":["a","b","a"]}"#);
+        assert!(twice.contains("'a' twice"), "{twice}");
+        let not_text = error(br#"{"dataset":"t","metadata":true,"columns":["a",3]}"#);
+        assert!(not_text.contains("'columns'"), "{not_text}");
     }
 }

@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.flight as flight
 import pytest
 from conftest import many_batches, raising_on_batch
 
@@ -83,6 +84,51 @@ def test_projection_filter_and_limit_give_what_eager_gives(
     client.update_metadata(DATASET, annotated(client.get_metadata(DATASET)))
     lazy = query(client.scan_metadata(DATASET)).collect()
     assert lazy.equals(query(client.get_metadata(DATASET)))
+
+
+def test_a_metadata_ticket_sends_the_columns_it_names(
+    client: DatasetClient, raw: flight.FlightClient
+) -> None:
+    """A plain pyarrow client names columns in the ticket; the server sends those
+    only, in that order; a name that is not a column, or none, is refused."""
+    client.update_metadata(DATASET, annotated(client.get_metadata(DATASET)))
+    eager = client.get_metadata(DATASET)
+
+    def read(**keys: Any) -> pa.Table:
+        body = {"dataset": DATASET, "metadata": True, **keys}
+        return raw.do_get(flight.Ticket(json.dumps(body).encode())).read_all()
+
+    table = read(columns=["weight", "sample_id"])
+    assert table.column_names == ["weight", "sample_id"]
+    assert pl.DataFrame(table).equals(eager.select("weight", "sample_id"))
+    with pytest.raises(pa.ArrowInvalid, match=r"unknown column 'nope'; the population's columns"):
+        read(columns=["label", "nope"])
+    with pytest.raises(pa.ArrowInvalid, match="names no column"):
+        read(columns=[])
+    with pytest.raises(pa.ArrowInvalid, match="'label' twice"):
+        read(columns=["label", "weight", "label"])
+
+
+def test_a_scan_asks_the_server_for_the_columns_it_reads(
+    client: DatasetClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.update_metadata(DATASET, annotated(client.get_metadata(DATASET)))
+    tickets: list[dict[str, Any]] = []
+    read = client._metadata_batches
+
+    def spy(ticket: flight.Ticket) -> Any:
+        tickets.append(json.loads(ticket.ticket))
+        return read(ticket)
+
+    monkeypatch.setattr(client, "_metadata_batches", spy)
+    scan = client.scan_metadata(DATASET)
+    count = scan.filter(pl.col("label") == 2).select(pl.len()).collect().item()
+    assert count == client.get_metadata(DATASET).filter(pl.col("label") == 2).height
+    columns = tickets[-1]["columns"]
+    assert "label" in columns
+    assert len(columns) < len(scan.collect_schema())
+    scan.collect()
+    assert "columns" not in tickets[-1], "a query of every column names none"
 
 
 def test_a_scan_fails_over_to_the_next_location(server: DatasetFlightServer) -> None:

@@ -66,6 +66,42 @@ impl Chunks {
         &self.batches
     }
 
+    /// The columns `names`, in that order, without a copy.
+    pub fn project(&self, names: &[String]) -> Result<Chunks> {
+        let mut indices = Vec::with_capacity(names.len());
+        for name in names {
+            let index = self.schema.index_of(name).map_err(|_| {
+                let known: Vec<&str> = self
+                    .schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect();
+                Error::invalid(format!(
+                    "unknown column '{name}'; the population's columns are [{}]",
+                    known.join(", ")
+                ))
+            })?;
+            if indices.contains(&index) {
+                return Err(Error::invalid(format!(
+                    "column '{name}' is named twice; name each column once"
+                )));
+            }
+            indices.push(index);
+        }
+        let batches = self
+            .batches
+            .iter()
+            .map(|batch| batch.project(&indices))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Chunks {
+            schema: Arc::new(self.schema.project(&indices)?),
+            batches,
+            chunk_rows: self.chunk_rows,
+            rows: self.rows,
+        })
+    }
+
     /// The whole table as one batch, in memory (tests and small tables).
     pub fn concat(&self) -> Result<RecordBatch> {
         Ok(arrow_select::concat::concat_batches(
@@ -412,5 +448,53 @@ mod tests {
             "opening a table of 32 chunks brought {} of its {pages} pages into memory",
             after - before
         );
+    }
+
+    /// A projection keeps the rows and the named columns in the order named,
+    /// and refuses an unknown or repeated name with the columns there are.
+    #[test]
+    fn a_projection_keeps_the_named_columns_in_their_order() {
+        let schema = Arc::new(Schema::new(vec![
+            arrow_schema::Field::new("cache_id", arrow_schema::DataType::UInt64, true),
+            arrow_schema::Field::new("label", arrow_schema::DataType::Int64, true),
+            arrow_schema::Field::new("weight", arrow_schema::DataType::Float64, true),
+        ]));
+        let part = |from: u64| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(UInt64Array::from_iter_values(from..from + 3)),
+                    Arc::new(Int64Array::from_iter_values(from as i64..from as i64 + 3)),
+                    Arc::new(Float64Array::from(vec![0.5; 3])),
+                ],
+            )
+            .unwrap()
+        };
+        let chunks = Chunks {
+            schema: schema.clone(),
+            batches: vec![part(0), part(3)],
+            chunk_rows: 3,
+            rows: 6,
+        };
+        let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let projected = chunks.project(&names(&["weight", "cache_id"])).unwrap();
+        assert_eq!(projected.num_rows(), 6);
+        let whole = projected.concat().unwrap();
+        assert_eq!(whole.schema().field(0).name(), "weight");
+        assert_eq!(whole.schema().field(1).name(), "cache_id");
+        let ids = whole
+            .column(1)
+            .as_any()
+            .downcast_ref::<UInt64Array>()
+            .unwrap();
+        assert_eq!(ids.values().to_vec(), vec![0, 1, 2, 3, 4, 5]);
+        let refused = |names: Vec<String>| chunks.project(&names).err().unwrap().to_string();
+        let unknown = refused(names(&["label", "nope"]));
+        assert_eq!(
+            unknown,
+            "unknown column 'nope'; the population's columns are [cache_id, label, weight]"
+        );
+        let twice = refused(names(&["label", "label"]));
+        assert!(twice.contains("'label' is named twice"), "{twice}");
     }
 }

@@ -9,7 +9,7 @@ use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
-use super::errors::to_pyerr;
+use super::errors::{to_pyerr, IntoPyResult};
 use crate::error::Error;
 use crate::population::Chunks;
 
@@ -86,13 +86,20 @@ impl ArrowTable {
         py: Python<'py>,
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
-        let _ = requested_schema; // the table is exported in its own schema
-                                  // In slices of the (mapped) table, without a copy, each checked as it
-                                  // goes: a consumer holds a slice at a time, a Flight stream sends
-                                  // bounded messages, and nothing reads the whole table up front.
+        // The table is exported in its own schema.
+        let _ = requested_schema;
+        // In slices of the (mapped) table, without a copy, each checked as it
+        // goes: a consumer holds a slice at a time, a Flight stream sends
+        // bounded messages, and nothing reads the whole table up front.
         let slices = self.table.clone().checked_slices();
         let reader = RecordBatchIterator::new(slices, self.table.schema());
         export_stream(py, Box::new(reader))
+    }
+
+    /// The columns `columns`, in that order, without a copy (a reader that
+    /// needs a few columns checks and exports those only).
+    fn select(&self, columns: Vec<String>) -> PyResult<ArrowTable> {
+        Ok(ArrowTable::new(self.table.project(&columns).py()?))
     }
 
     #[getter]

@@ -200,6 +200,9 @@ pub struct MetadataRequest {
     #[pyo3(get)]
     dataset: String,
     population: Option<request::PopulationId>,
+    /// The columns to send, in order (None: every column).
+    #[pyo3(get)]
+    columns: Option<Vec<String>>,
 }
 
 #[pymethods]
@@ -220,6 +223,7 @@ pub fn parse_ticket(py: Python<'_>, raw: &[u8]) -> PyResult<Py<PyAny>> {
             MetadataRequest {
                 dataset: m.dataset,
                 population: m.population,
+                columns: m.columns,
             },
         )?
         .into_any(),

@@ -214,11 +214,20 @@ impl DatasetService {
     }
 
     /// The same table as `metadata`, as a stream of checked slices that a
-    /// server can watch and cancel (`BatchStream`).
-    #[pyo3(signature = (population=None))]
-    fn metadata_stream(&self, py: Python<'_>, population: Option<String>) -> PyResult<BatchStream> {
-        let table = self.metadata(py, population)?;
-        Ok(BatchStream::of_table(table.into_chunks()))
+    /// server can watch and cancel (`BatchStream`); only `columns`, in that
+    /// order, when given.
+    #[pyo3(signature = (population=None, columns=None))]
+    fn metadata_stream(
+        &self,
+        py: Python<'_>,
+        population: Option<String>,
+        columns: Option<Vec<String>>,
+    ) -> PyResult<BatchStream> {
+        let mut table = self.metadata(py, population)?.into_chunks();
+        if let Some(columns) = columns {
+            table = table.project(&columns).py()?;
+        }
+        Ok(BatchStream::of_table(table))
     }
 
     /// The request with the active population and epoch length filled in.
