@@ -60,7 +60,7 @@ import pyarrow.flight as flight
 
 import dataset_rt as drt
 from dataset_rt import _native
-from dataset_rt.lazy import scan_batches
+from dataset_rt.lazy import scan_batches, table_batches
 from dataset_rt.loader import LocalSource
 from flight_client import DatasetClient
 
@@ -296,11 +296,7 @@ def scans(location: str, cache: Path, state: Path, rows: int) -> dict[str, Any]:
     table = LocalSource([cache], state, name=DATASET, create=False).service.metadata(None)
     out["scan_local_open_s"] = time.perf_counter() - started
     schema = pa.RecordBatchReader.from_stream(table).schema
-
-    def batches(columns: list[str] | None) -> Iterator[pa.RecordBatch]:
-        read = table if columns is None else table.select(columns)
-        return iter(pa.RecordBatchReader.from_stream(read))
-
+    batches = table_batches(table)
     out["scan_local_s"] = timed("local scan", lambda: scan_batches(schema, batches, name="scale"))
     return out
 

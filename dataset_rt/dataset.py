@@ -18,7 +18,7 @@ from dataset_rt import _native
 from dataset_rt.config import ReaderConfig
 from dataset_rt.facade import facade_module
 from dataset_rt.integrations.torch import to_torch_iterable_dataset
-from dataset_rt.lazy import hand_over, scan_batches
+from dataset_rt.lazy import hand_over, scan_batches, table_batches
 from dataset_rt.partition import Partition, as_partition
 from dataset_rt.records import (
     AbsentManifestTarget,
@@ -120,12 +120,7 @@ class CachedDataset:
         """
         table = self._engine.metadata()
         schema = pa.RecordBatchReader.from_stream(table).schema
-
-        def open_batches(columns: list[str] | None) -> Iterator[pa.RecordBatch]:
-            read = table if columns is None else table.select(columns)
-            return iter(pa.RecordBatchReader.from_stream(read))
-
-        return scan_batches(schema, open_batches, name="dataset_rt population")
+        return scan_batches(schema, table_batches(table), name="dataset_rt population")
 
     def update_metadata(self, table: Any) -> None:
         """Validate ``table`` in Rust and make it the active population.

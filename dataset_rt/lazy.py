@@ -57,6 +57,17 @@ def read_columns(
     return columns if columns and len(columns) < len(schema.names) else None
 
 
+def table_batches(table: Any) -> ColumnsOpener:
+    """The opener of an engine table (`_native.ArrowTable`): a fresh stream of
+    its slices, of the columns named (``table.select``) or of all of them."""
+
+    def open_batches(columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+        read = table if columns is None else table.select(columns)
+        return iter(pa.RecordBatchReader.from_stream(read))
+
+    return open_batches
+
+
 def scan_batches(schema: pa.Schema, open_batches: ColumnsOpener, *, name: str) -> pl.LazyFrame:
     """A `LazyFrame` over the Arrow batches ``open_batches(columns)`` yields (of
     ``schema``, or of its ``columns`` when they are named).
