@@ -109,8 +109,9 @@ def main() -> None:
     print(f"median {statistics.median(rates):,.0f} rows/s over {len(rates)} puts")
     scratch = args.scratch_dir or Path(tempfile.gettempdir()) / "dataset_rt-populations"
     rate = disk_write_rate(scratch)
-    # Table: cache_id, sample_id, label, weight (8 bytes each); rows file: 16 bytes.
-    per_row = 4 * 8 + 16
+    # Table: label and weight (8 bytes each; the identities are the rows
+    # file's keys); rows file: 16 bytes.
+    per_row = 2 * 8 + 16
     print(
         f"{scratch}: sequential write with fsync {rate / 2**20:,.0f} MiB/s; "
         f"{per_row} bytes a row made durable -> at most {rate / per_row:,.0f} rows/s"

@@ -3,8 +3,8 @@
 Run from the project root::
 
     uv run python benchmarks/bench_scale.py                  # 10^6 and 10^7 rows (~2 min)
-    uv run python benchmarks/bench_scale.py --rows 1e8       # needs ~19 GB of free disk
-    uv run python benchmarks/bench_scale.py --rows 1e9 --max-records 1e7  # ~62 GB
+    uv run python benchmarks/bench_scale.py --rows 1e8       # needs ~16 GB of free disk
+    uv run python benchmarks/bench_scale.py --rows 1e9 --max-records 1e7  # ~47 GB
     uv run python benchmarks/bench_scale.py --rows 1e6 --json scale.json
 
 For each row count N, in a scratch directory of its own (removed afterwards; a size
@@ -69,10 +69,11 @@ BATCH, MAX_RECORDS = 10**6, 10**8
 MAX_DRAWS = MAX_LOCAL_SCAN = 10**7
 TTFB_TICKETS, TTFB_EPOCH_LEN = 200, 4096
 RESERVE = 5 * 10**9  # free disk left after a size
-# Disk bytes per cache record (61 measured: payload, index, metadata; 48 for the first
-# population, 12 of scratch while it is written) and per row put (table 32, rows file
-# 16, scratch 12), with a small margin.
-DISK_PER_RECORD, DISK_PER_ROW = 125, 62
+# Disk bytes per cache record (61 measured: payload, index, metadata; 32 for the first
+# population, 12 of scratch while it is written) and per row put (table 16: label and
+# weight, the identities being the rows file's keys; rows file 16; scratch 12), with a
+# small margin.
+DISK_PER_RECORD, DISK_PER_ROW = 109, 46
 T = TypeVar("T")
 log = common.make_log("bench_scale")
 

@@ -79,7 +79,21 @@ pub enum Error {
 
     /// An Arrow kernel failed (a bug or an unsupported input type).
     #[error("arrow: {0}")]
-    Arrow(#[from] arrow_schema::ArrowError),
+    Arrow(arrow_schema::ArrowError),
+}
+
+impl From<arrow_schema::ArrowError> for Error {
+    /// An error of ours that passed through an Arrow interface (a record
+    /// batch iterator) comes back as itself.
+    fn from(error: arrow_schema::ArrowError) -> Self {
+        match error {
+            arrow_schema::ArrowError::ExternalError(inner) => match inner.downcast::<Error>() {
+                Ok(ours) => *ours,
+                Err(other) => Error::Arrow(arrow_schema::ArrowError::ExternalError(other)),
+            },
+            other => Error::Arrow(other),
+        }
+    }
 }
 
 impl Error {

@@ -198,10 +198,10 @@ fn a_table_of_several_chunks_keeps_the_id_and_reads_back_across_chunks() {
     .unwrap();
     assert_eq!(written.id, whole);
     let id = store.keep(written).unwrap();
-    store.verify(&id).unwrap();
+    store.verify(&id, &caches).unwrap();
     let streamed = store.open_population(&id, &caches).unwrap();
     let chunks = streamed.table().unwrap();
-    assert_eq!(chunks.batches().len(), 3);
+    assert_eq!(chunks.num_chunks(), 3);
     let canonical = dataset_rt_native::population::canonical(&table).unwrap();
     assert_eq!(chunks.concat().unwrap(), canonical);
     let rows: Vec<u32> = vec![0, 65_535, 65_536, 149_999, 131_072, 7, 131_071];
@@ -255,7 +255,7 @@ fn a_streamed_population_reads_back_as_the_table_and_draws_alike() {
     for row in [0, 1, 150, 299] {
         assert_eq!(streamed.record(row), whole.record(row));
     }
-    store.verify(&id).unwrap();
+    store.verify(&id, &caches).unwrap();
 }
 
 #[test]
@@ -341,7 +341,7 @@ fn damaged_population_files_are_refused_with_the_file_named() {
     flipped[100] ^= 0x40;
     std::fs::write(&rows_path, &flipped).unwrap();
     std::fs::write(&table_path, &table_bytes).unwrap();
-    assert!(store.verify(&id).is_err());
+    assert!(store.verify(&id, &caches).is_err());
 }
 
 /// Any byte of a stored table set to 0xFF: opening refuses it or opens it,
@@ -394,5 +394,169 @@ fn a_damaged_table_file_is_refused_or_read_with_errors_never_a_crash() {
     assert!(
         opened > 0 && refused > 0,
         "opened {opened}, refused {refused}"
+    );
+}
+
+/// A population's files hold its identities once, as the rows file's keys:
+/// the table file leaves `cache_id` and `sample_id` out (naming them in its
+/// schema's metadata), so identities, weight and sampler take 24 bytes a
+/// row on disk; reading the table puts them back as supplied (types too).
+#[test]
+fn identities_weight_and_sampler_take_24_bytes_a_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let cache_id = caches.caches()[0].cache_id();
+    let n = 300_000;
+    let table = RecordBatch::try_from_iter(vec![
+        (
+            "sample_id",
+            Arc::new(arrow_array::UInt32Array::from_iter_values(
+                (0..n).map(|i| (i * 7 % RECORDS) as u32),
+            )) as ArrayRef,
+        ),
+        ("cache_id", Arc::new(UInt64Array::from(vec![cache_id; n]))),
+        (
+            "label",
+            Arc::new(Int64Array::from_iter_values(
+                (0..n).map(|i| (i * 7 % RECORDS) as i64 % 7),
+            )),
+        ),
+        (
+            "weight",
+            Arc::new(arrow_array::Float64Array::from_iter_values(
+                (0..n).map(|i| 1.0 + (i % 3) as f64),
+            )),
+        ),
+    ])
+    .unwrap();
+    let whole = PopulationStore::open(&dir.path().join("old"))
+        .unwrap()
+        .put_table(&table)
+        .unwrap();
+    let written = write_population(
+        caches.clone(),
+        &store.scratch_dir(),
+        batches(&table, &[100_000]),
+    )
+    .unwrap();
+    assert_eq!(written.id, whole, "the id of the table stored whole");
+    let id = store.keep(written).unwrap();
+    let table_path = store.scratch_dir().join(format!("{id}.arrow"));
+    let rows_path = store.scratch_dir().join(format!("{id}.rows"));
+    let bytes = std::fs::metadata(&table_path).unwrap().len()
+        + std::fs::metadata(&rows_path).unwrap().len();
+    // The stored column (`label`, Int64) is the user's 8 bytes a row.
+    let per_row = bytes as f64 / n as f64 - 8.0;
+    assert!(per_row <= 24.1, "{per_row:.2} bytes a row on disk");
+
+    let file = std::fs::File::open(&table_path).unwrap();
+    let reader = arrow_ipc::reader::StreamReader::try_new(file, None).unwrap();
+    let stored = reader.schema();
+    let names: Vec<&str> = stored.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["label", "weight"]);
+    assert_eq!(
+        stored.metadata().get("dataset_rt.ids").map(String::as_str),
+        Some("sample_id:0:UInt32,cache_id:1:UInt64")
+    );
+
+    let canonical = dataset_rt_native::population::canonical(&table).unwrap();
+    assert_eq!(store.load(&id, &caches).unwrap(), canonical);
+    let population = store.open_population(&id, &caches).unwrap();
+    let slices: Vec<RecordBatch> = population
+        .unchecked_table()
+        .checked_slices()
+        .map(|s| s.unwrap())
+        .collect();
+    let back = arrow_select::concat::concat_batches(&slices[0].schema(), &slices).unwrap();
+    assert_eq!(back, canonical);
+    let rows = [0u32, 65_535, 65_536, 299_999, 7];
+    let taken = population
+        .column("sample_id")
+        .unwrap()
+        .unwrap()
+        .take(&rows)
+        .unwrap();
+    let expected: Vec<u32> = rows
+        .iter()
+        .map(|&r| (r as usize * 7 % RECORDS) as u32)
+        .collect();
+    assert_eq!(
+        taken
+            .as_any()
+            .downcast_ref::<arrow_array::UInt32Array>()
+            .unwrap()
+            .values()
+            .to_vec(),
+        expected
+    );
+    store.verify(&id, &caches).unwrap();
+}
+
+/// A key damaged in the rows file that names no cache: the table's identity
+/// columns read as an error naming the rows file, and the id no longer
+/// matches (verify), never a wrong value or a crash.
+#[test]
+fn a_damaged_key_is_an_error_where_the_identities_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let written = write_population(
+        caches.clone(),
+        &store.scratch_dir(),
+        batches(&table(&caches), &[100]),
+    )
+    .unwrap();
+    let id = store.keep(written).unwrap();
+    let rows_path = store.scratch_dir().join(format!("{id}.rows"));
+    let mut bytes = std::fs::read(&rows_path).unwrap();
+    // Row 3's key: its cache position (bits 40..) set to 5 of 1 cache.
+    bytes[64 + 3 * 8 + 5] = 5;
+    std::fs::write(&rows_path, &bytes).unwrap();
+    let population = store.open_population(&id, &caches).unwrap();
+    let read: Result<Vec<RecordBatch>, _> = population.unchecked_table().checked_slices().collect();
+    let error = dataset_rt_native::Error::from(read.unwrap_err()).to_string();
+    assert!(
+        error.contains(".rows") && error.contains("cache position 5"),
+        "{error}"
+    );
+    let column = population.column("cache_id").unwrap().unwrap();
+    assert!(column.take(&[3]).is_err());
+    assert!(column.take(&[2]).is_ok());
+    assert!(store.verify(&id, &caches).is_err());
+}
+
+/// Stores written before the identities were left out (tables with their
+/// `cache_id` and `sample_id`, rows files of version 1) are read as they are;
+/// a rows file of a version this build does not know is refused by it.
+#[test]
+fn a_store_of_the_last_format_still_reads_and_a_newer_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let table = table(&caches);
+    let id = store.put_table(&table).unwrap();
+    store.open_population(&id, &caches).unwrap();
+    let rows_path = store.scratch_dir().join(format!("{id}.rows"));
+    let mut bytes = std::fs::read(&rows_path).unwrap();
+    assert_eq!(&bytes[8..12], &2u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    std::fs::write(&rows_path, &bytes).unwrap();
+    let population = store.open_population(&id, &caches).unwrap();
+    assert_eq!(
+        population.table().unwrap().concat().unwrap(),
+        dataset_rt_native::population::canonical(&table).unwrap()
+    );
+    store.verify(&id, &caches).unwrap();
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    std::fs::write(&rows_path, &bytes).unwrap();
+    let refused = store
+        .open_population(&id, &caches)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        refused.contains("rows file version 3; this build reads versions 1 to 2"),
+        "{refused}"
     );
 }

@@ -5,6 +5,7 @@
 //! because the caller only swaps in a population that was built successfully.
 
 mod column_types;
+mod ids;
 mod remote;
 mod rows;
 mod scratch;
@@ -60,15 +61,9 @@ impl Population {
     /// Map a stored population: its table and rows files (O(1): see
     /// `MappedTable` and `PopulationRows`).
     pub fn open(table: &Path, rows: &Path, caches: &CacheSet) -> Result<Self> {
-        let table = MappedTable::open(table)?;
+        let mut table = MappedTable::open(table)?;
         let rows = PopulationRows::open(rows, caches)?;
-        if table.num_rows() != rows.len() {
-            return Err(Error::internal(format!(
-                "a population's table has {} rows and its rows file {}",
-                table.num_rows(),
-                rows.len()
-            )));
-        }
+        table.set_keys(rows.keys(caches.cache_ids().into()))?;
         let stored = caches
             .columns()
             .iter()

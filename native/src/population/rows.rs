@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! offset 0    header, 64 bytes (little-endian):
-//!               magic "DRTROWS1" | version u32 = 1 | reserved u32
+//!               magic "DRTROWS1" | version u32 = 2 (1 is read) | reserved u32
 //!               rows u64 | caches key u64 | alias offset u64
 //!               file length u64 | xxh3-64 of bytes 64..file length
 //! offset 64   keys:    rows x u64   cache position << 40 | sample id
@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use memmap2::MmapMut;
 
+use super::ids::{Keys, KeysFile};
 use super::scratch::ScratchFile;
 use crate::error::{Error, IoContext, Result};
 use crate::hash::{xxh3_64, Xxh3};
@@ -37,8 +38,15 @@ use crate::storage::mapped::MappedFile;
 use crate::storage::{CacheSet, Slab, Writeback};
 
 const MAGIC: &[u8; 8] = b"DRTROWS1";
-const VERSION: u32 = 1;
+/// Version 2 files go with tables that leave their identity columns out
+/// (`ids.rs`); the layout is version 1's, which is still read. A build
+/// that reads version 1 only refuses a version 2 file by its version, so a
+/// replica not yet upgraded cannot serve such a table without its ids.
+const VERSION: u32 = 2;
+const VERSIONS_READ: std::ops::RangeInclusive<u32> = 1..=VERSION;
 const HEADER: usize = 64;
+/// Where the keys start.
+pub const ROWS_HEADER: usize = HEADER;
 /// Bits of a key that hold the sample id; the cache position is above them.
 const SAMPLE_BITS: u32 = 40;
 const SAMPLE_MASK: u64 = (1 << SAMPLE_BITS) - 1;
@@ -46,6 +54,12 @@ const SAMPLE_MASK: u64 = (1 << SAMPLE_BITS) - 1;
 pub const MAX_SAMPLE_ID: u64 = SAMPLE_MASK;
 pub const MAX_CACHES: usize = 1 << (64 - SAMPLE_BITS);
 const WRITE_BUFFER: usize = 1 << 20;
+
+/// A key's (cache position, sample id).
+#[inline]
+pub fn split_key(key: u64) -> (u64, u64) {
+    (key >> SAMPLE_BITS, key & SAMPLE_MASK)
+}
 
 /// A population's records and alias table, mapped.
 pub struct PopulationRows {
@@ -111,9 +125,9 @@ impl Header {
             u64::from_le_bytes(w)
         };
         let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-        if version != VERSION {
+        if !VERSIONS_READ.contains(&version) {
             return Err(format!(
-                "rows file version {version}; this build reads version {VERSION}"
+                "rows file version {version}; this build reads versions 1 to {VERSION}"
             ));
         }
         let header = Header {
@@ -174,6 +188,35 @@ impl PopulationRows {
         })
     }
 
+    /// The file's keys, to be read from it (`KeysFile`): its header, length
+    /// and caches checked as `open` does, nothing mapped.
+    pub fn keys_file(path: &Path, caches: &CacheSet) -> Result<KeysFile> {
+        let mut file = File::open(path).at("cannot open", path)?;
+        let damaged = |detail: String| Error::corrupt(path, detail);
+        let len = file.metadata().at("cannot stat", path)?.len();
+        let mut bytes = [0u8; HEADER];
+        std::io::Read::read_exact(&mut file, &mut bytes)
+            .map_err(|_| damaged(format!("{len} bytes, shorter than its header")))?;
+        let header = Header::parse(&bytes).map_err(damaged)?;
+        if header.len != len {
+            return Err(damaged(format!(
+                "{len} bytes where its header says {}: the file is truncated or was \
+                 written over",
+                header.len
+            )));
+        }
+        if header.caches_key != caches_key(caches) {
+            return Err(damaged(
+                "the file was built for other caches (or another order of them)".into(),
+            ));
+        }
+        Ok(KeysFile {
+            path: path.to_path_buf(),
+            rows: header.rows as usize,
+            cache_ids: caches.cache_ids(),
+        })
+    }
+
     /// Check the file's checksum (a full read of the file).
     pub fn verify(path: &Path) -> Result<()> {
         let file = File::open(path).at("cannot open", path)?;
@@ -203,6 +246,11 @@ impl PopulationRows {
 
     pub fn alias(&self) -> &AliasTable {
         &self.alias
+    }
+
+    /// The rows' identities, for a table that leaves them out (`ids.rs`).
+    pub fn keys(&self, cache_ids: Arc<[u64]>) -> Keys {
+        Keys::new(self.keys.clone(), cache_ids, &self.path)
     }
 
     /// Row `row`'s record: (cache position, sample id). A row past the end or
@@ -290,6 +338,15 @@ impl RowsWriter {
             .at("cannot write", self.weights_file.path())?;
         self.rows += cache_index.len() as u64;
         Ok(())
+    }
+
+    /// The keys written so far, flushed to the file (whose path this is), so
+    /// that they can be read from it while `finish` builds the alias table.
+    pub fn flush_keys(&mut self) -> Result<&Path> {
+        self.keys
+            .flush()
+            .at("cannot write", self.keys_file.path())?;
+        Ok(self.keys_file.path())
     }
 
     /// Complete the file: the alias table built in place from the weights,

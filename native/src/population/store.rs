@@ -229,14 +229,14 @@ impl PopulationStore {
 
     /// Download the population `id` into the mirror (rows, then the table),
     /// checked against its id before it is used.
-    fn fetch(&self, remote: &RemoteLog, id: &str) -> Result<()> {
+    fn fetch(&self, remote: &RemoteLog, id: &str, caches: &CacheSet) -> Result<()> {
         let bucket = remote.bucket();
         if !bucket.exists(&remote_table(id))? {
             return Err(self.not_found(id));
         }
         bucket.download(&remote_rows(id), &self.rows_path_of(id))?;
         bucket.download(&remote_table(id), &self.path_of(id))?;
-        if let Err(error) = self.check_table_hash(id) {
+        if let Err(error) = self.check_table_hash(id, caches) {
             let _ = fs::remove_file(self.path_of(id));
             let _ = fs::remove_file(self.rows_path_of(id));
             return Err(error);
@@ -252,7 +252,7 @@ impl PopulationStore {
         let table = self.path_of(id);
         if !table.exists() {
             match &self.remote {
-                Some(remote) => self.fetch(remote, id)?,
+                Some(remote) => self.fetch(remote, id, caches)?,
                 None => return Err(self.not_found(id)),
             }
         }
@@ -275,8 +275,8 @@ impl PopulationStore {
 
     /// Check the population `id` in full: its table hashes to its id and its
     /// rows file matches its checksum.
-    pub fn verify(&self, id: &str) -> Result<()> {
-        self.check_table_hash(id)?;
+    pub fn verify(&self, id: &str, caches: &CacheSet) -> Result<()> {
+        self.check_table_hash(id, caches)?;
         let rows = self.rows_path_of(id);
         if rows.exists() {
             PopulationRows::verify(&rows)?;
@@ -363,20 +363,30 @@ impl PopulationStore {
 
     /// The table stored under `id`, verified against its id, whole in memory
     /// (for tests and small tables: a population is read by mapping it).
-    pub fn load(&self, id: &str) -> Result<RecordBatch> {
-        self.check_table_hash(id)?.checked()?.concat()
+    pub fn load(&self, id: &str, caches: &CacheSet) -> Result<RecordBatch> {
+        let mut table = self.check_table_hash(id, caches)?;
+        if !table.left_out().is_empty() {
+            let rows = PopulationRows::open(&self.rows_path_of(id), caches)?;
+            table.set_keys(rows.keys(caches.cache_ids().into()))?;
+        }
+        table.checked()?.concat()
     }
 
-    /// The table file of `id`, hashed (through a mapping: a 10^9-row table is
-    /// not read into memory) and found equal to its name.
-    fn check_table_hash(&self, id: &str) -> Result<super::MappedTable> {
+    /// The table file of `id` (with its rows file's keys, if it leaves its
+    /// identities out), hashed (read in order, not into memory) and found
+    /// equal to its name.
+    fn check_table_hash(&self, id: &str, caches: &CacheSet) -> Result<super::MappedTable> {
         check_population_id(id)?;
         let path = self.path_of(id);
         if !path.exists() {
             return Err(self.not_found(id));
         }
         let table = super::MappedTable::open(&path)?;
-        let computed = super::table_id(&table)?;
+        let keys = match table.left_out() {
+            [] => None,
+            _ => Some(PopulationRows::keys_file(&self.rows_path_of(id), caches)?),
+        };
+        let computed = super::table_id(&table, keys.as_ref())?;
         if computed != id {
             return Err(Error::corrupt(
                 &path,
@@ -549,6 +559,19 @@ mod tests {
     use super::*;
     use arrow_array::{Float64Array, UInt64Array};
 
+    /// A cache of one record, for reading tables that need none of it.
+    fn caches(dir: &tempfile::TempDir) -> CacheSet {
+        let base = dir.path().join("caches");
+        if let Ok(set) = CacheSet::open(&[base.join("c")], false) {
+            return set;
+        }
+        let mut writer =
+            crate::storage::CacheWriter::create(&base, "c", vec![], Default::default()).unwrap();
+        let record = crate::storage::EncodedRecord::encode(vec![1], Default::default()).unwrap();
+        writer.append(&record, &[]).unwrap();
+        CacheSet::open(&[writer.finish().unwrap().0], false).unwrap()
+    }
+
     fn table(weight: f64) -> RecordBatch {
         let schema = Arc::new(Schema::new(vec![
             Field::new("sample_id", DataType::UInt64, false),
@@ -572,19 +595,25 @@ mod tests {
         assert_eq!(a, store.put_table(&table(1.0)).unwrap());
         let b = store.put_table(&table(2.0)).unwrap();
         assert_ne!(a, b);
-        assert_eq!(store.load(&a).unwrap(), canonical(&table(1.0)).unwrap());
+        assert_eq!(
+            store.load(&a, &caches(&dir)).unwrap(),
+            canonical(&table(1.0)).unwrap()
+        );
         assert_eq!(store.list().unwrap().len(), 2);
         assert!(matches!(
-            store.load(&"0".repeat(32)),
+            store.load(&"0".repeat(32), &caches(&dir)),
             Err(Error::NotFound(_))
         ));
-        assert!(store.load("../etc").is_err());
+        assert!(store.load("../etc", &caches(&dir)).is_err());
         let path = store.path_of(&a);
         let mut bytes = fs::read(&path).unwrap();
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         fs::write(&path, bytes).unwrap();
-        assert!(matches!(store.load(&a), Err(Error::CorruptCache { .. })));
+        assert!(matches!(
+            store.load(&a, &caches(&dir)),
+            Err(Error::CorruptCache { .. })
+        ));
     }
 
     #[test]
@@ -610,7 +639,10 @@ mod tests {
         store.remove(&lock, &id).unwrap();
         assert!(!store.contains(&id) && store.list().unwrap().is_empty());
         assert!(matches!(store.remove(&lock, &id), Err(Error::NotFound(_))));
-        assert!(matches!(store.load(&id), Err(Error::NotFound(_))));
+        assert!(matches!(
+            store.load(&id, &caches(&dir)),
+            Err(Error::NotFound(_))
+        ));
         assert!(matches!(
             store.remove(&lock, "x"),
             Err(Error::InvalidArgument(_))
@@ -662,7 +694,10 @@ mod tests {
         fs::write(&leftover, b"half a table").unwrap();
         let store = PopulationStore::open_existing(dir.path()).unwrap();
         assert!(leftover.exists(), "a read-only opening removes nothing");
-        assert_eq!(store.load(&id).unwrap(), canonical(&table(1.0)).unwrap());
+        assert_eq!(
+            store.load(&id, &caches(&dir)).unwrap(),
+            canonical(&table(1.0)).unwrap()
+        );
         assert_eq!(store.active().unwrap(), None);
         let file = dir.path().join("file");
         fs::write(&file, b"").unwrap();

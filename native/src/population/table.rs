@@ -5,7 +5,9 @@
 //! last one shorter), written as the table streams in (`table_file.rs`), the
 //! schema marked `dataset_rt.layout = chunks`. A store written before that
 //! holds one record batch per table, the whole table; both are read alike
-//! (one chunk of all the rows).
+//! (one chunk of all the rows). A chunked file may leave the identity
+//! columns out (`ids.rs`): they are put back from the rows file's keys,
+//! which `Population::open` hands the table (`MappedTable::set_keys`).
 //!
 //! Mapping checks the file's structure and every buffer's extent, O(chunks):
 //! a truncated or malformed file is refused at once. The values of a column
@@ -18,9 +20,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_data::ArrayData;
 use arrow_ipc::reader::StreamDecoder;
-use arrow_schema::{Schema, SchemaRef};
+use arrow_schema::{Field, Schema, SchemaRef};
 
+use super::ids::{self, IdColumn, Keys, LeftOut, IDS_KEY};
 use super::BATCH_ROWS;
 use crate::error::{Error, IoContext, Result};
 use crate::storage::mapped::MappedFile;
@@ -30,14 +34,30 @@ pub const LAYOUT_KEY: &str = "dataset_rt.layout";
 pub const CHUNKED: &str = "chunks";
 
 /// A table as a sequence of record batches of equal length (all but the last):
-/// the chunks of a mapped table, views of its file.
+/// the chunks of a mapped table, views of its file. Identity columns its file
+/// leaves out (`ids.rs`) are made from the rows file's keys, a chunk at a time.
 #[derive(Clone)]
 pub struct Chunks {
     schema: SchemaRef,
-    batches: Vec<RecordBatch>,
+    /// The chunks as stored: the columns the file holds.
+    stored: Vec<RecordBatch>,
+    /// Per column of `schema`: where its values are.
+    sources: Vec<Source>,
+    /// The identities of left-out columns (set when the population is opened
+    /// with its rows file).
+    keys: Option<Keys>,
     /// Rows of every chunk but the last.
     chunk_rows: usize,
     rows: usize,
+}
+
+/// Where a column's values are.
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    /// Column `n` of the stored chunks.
+    Stored(usize),
+    /// Left out of the file, made from the keys.
+    Id(IdColumn),
 }
 
 impl From<RecordBatch> for Chunks {
@@ -46,7 +66,9 @@ impl From<RecordBatch> for Chunks {
         let rows = batch.num_rows();
         Chunks {
             schema: batch.schema(),
-            batches: vec![batch],
+            sources: (0..batch.num_columns()).map(Source::Stored).collect(),
+            stored: vec![batch],
+            keys: None,
             chunk_rows: rows.max(1),
             rows,
         }
@@ -62,8 +84,33 @@ impl Chunks {
         self.rows
     }
 
-    pub fn batches(&self) -> &[RecordBatch] {
-        &self.batches
+    pub fn num_chunks(&self) -> usize {
+        self.stored.len()
+    }
+
+    /// Chunk `i`, its left-out columns made from the keys.
+    pub fn chunk(&self, i: usize) -> Result<RecordBatch> {
+        let stored = &self.stored[i];
+        let start = i * self.chunk_rows;
+        let mut columns = Vec::with_capacity(self.sources.len());
+        for (source, field) in self.sources.iter().zip(self.schema.fields()) {
+            columns.push(match *source {
+                Source::Stored(n) => stored.column(n).clone(),
+                Source::Id(column) => {
+                    let keys = self.keys.as_ref().ok_or_else(|| {
+                        Error::internal("a table without its identities was read without its keys")
+                    })?;
+                    keys.values(column, start..start + stored.num_rows(), field.data_type())?
+                }
+            });
+        }
+        let options =
+            arrow_array::RecordBatchOptions::new().with_row_count(Some(stored.num_rows()));
+        Ok(RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &options,
+        )?)
     }
 
     /// The columns `names`, in that order, without a copy.
@@ -89,67 +136,71 @@ impl Chunks {
             }
             indices.push(index);
         }
-        let batches = self
-            .batches
-            .iter()
-            .map(|batch| batch.project(&indices))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(Chunks {
             schema: Arc::new(self.schema.project(&indices)?),
-            batches,
-            chunk_rows: self.chunk_rows,
-            rows: self.rows,
+            sources: indices.iter().map(|&i| self.sources[i]).collect(),
+            ..self.clone()
         })
     }
 
     /// The whole table as one batch, in memory (tests and small tables).
     pub fn concat(&self) -> Result<RecordBatch> {
-        Ok(arrow_select::concat::concat_batches(
-            &self.schema,
-            &self.batches,
-        )?)
+        let chunks = (0..self.num_chunks())
+            .map(|i| self.chunk(i))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(arrow_select::concat::concat_batches(&self.schema, &chunks)?)
     }
 
-    /// The table in slices of at most `BATCH_ROWS` rows, without a copy, each
-    /// slice's values checked in full before it is handed on (offsets in
-    /// bounds, UTF-8): the way a mapped table leaves the engine for Python or
-    /// Flight, reading nothing up front.
+    /// The table in slices of at most `BATCH_ROWS` rows, made a chunk at a
+    /// time, each slice's values checked in full before it is handed on
+    /// (offsets in bounds, UTF-8): the way a mapped table leaves the engine
+    /// for Python or Flight, reading nothing up front.
     pub fn checked_slices(
         self,
     ) -> impl Iterator<Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>> + Send
     {
-        let Chunks {
-            schema, batches, ..
-        } = self;
-        let mut start = 0;
-        let slices: Vec<(usize, RecordBatch)> = batches
-            .into_iter()
-            .flat_map(|batch| {
-                let rows = batch.num_rows();
-                (0..rows)
-                    .step_by(BATCH_ROWS)
-                    .map(|at| batch.slice(at, BATCH_ROWS.min(rows - at)))
-                    .collect::<Vec<_>>()
-            })
-            .map(|slice| {
-                let at = start;
-                start += slice.num_rows();
-                (at, slice)
-            })
-            .collect();
-        slices.into_iter().map(move |(at, slice)| {
-            for (column, field) in slice.columns().iter().zip(schema.fields()) {
-                column.to_data().validate_full().map_err(|e| {
-                    arrow_schema::ArrowError::InvalidArgumentError(format!(
-                        "the population's stored table is damaged at rows {at}.., column '{}': \
-                         {e}",
-                        field.name()
-                    ))
-                })?;
-            }
-            RecordBatch::try_new(schema.clone(), slice.columns().to_vec())
+        let chunk_rows = self.chunk_rows;
+        (0..self.num_chunks()).flat_map(move |i| {
+            let start = i * chunk_rows;
+            let slices: Vec<std::result::Result<RecordBatch, arrow_schema::ArrowError>> = match self
+                .chunk(i)
+            {
+                Err(e) => vec![Err(arrow_schema::ArrowError::ExternalError(Box::new(e)))],
+                Ok(chunk) => {
+                    let rows = chunk.num_rows();
+                    (0..rows)
+                        .step_by(BATCH_ROWS)
+                        .map(|at| checked(chunk.slice(at, BATCH_ROWS.min(rows - at)), start + at))
+                        .collect()
+                }
+            };
+            slices
         })
     }
+
+    /// Column `i`'s stored chunks, or the identity it is made from.
+    pub(super) fn column_parts(&self, i: usize) -> std::result::Result<Vec<ArrayData>, IdColumn> {
+        match self.sources[i] {
+            Source::Stored(n) => Ok(self.stored.iter().map(|b| b.column(n).to_data()).collect()),
+            Source::Id(column) => Err(column),
+        }
+    }
+}
+
+/// `slice` (at row `at` of its table), its values checked in full.
+fn checked(
+    slice: RecordBatch,
+    at: usize,
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    for (column, field) in slice.columns().iter().zip(slice.schema().fields()) {
+        column.to_data().validate_full().map_err(|e| {
+            arrow_schema::ArrowError::InvalidArgumentError(format!(
+                "the population's stored table is damaged at rows {at}.., column '{}': {e}",
+                field.name()
+            ))
+        })?;
+    }
+    Ok(slice)
 }
 
 /// One column of a chunked table.
@@ -157,11 +208,16 @@ impl Chunks {
 pub struct ChunkedColumn {
     chunks: Vec<ArrayRef>,
     chunk_rows: usize,
+    /// An identity column the file leaves out: made from the keys.
+    identity: Option<(Keys, IdColumn, arrow_schema::DataType)>,
 }
 
 impl ChunkedColumn {
     /// The values at rows `rows` (each less than the table's length).
     pub fn take(&self, rows: &[u32]) -> Result<ArrayRef> {
+        if let Some((keys, column, dtype)) = &self.identity {
+            return keys.take(*column, rows, dtype);
+        }
         if let [whole] = self.chunks.as_slice() {
             let indices = arrow_array::UInt32Array::from(rows.to_vec());
             let options = arrow_select::take::TakeOptions { check_bounds: true };
@@ -200,8 +256,9 @@ pub struct MappedTable {
     chunks: Chunks,
     /// Stored in chunks (else one batch, as stores were before).
     chunked: bool,
+    left_out: Vec<LeftOut>,
     path: PathBuf,
-    /// Per column: its values checked in full (or why they failed).
+    /// Per stored column: its values checked in full (or why they failed).
     checked: Vec<OnceLock<std::result::Result<(), String>>>,
     map: Arc<MappedFile>,
 }
@@ -283,23 +340,73 @@ impl MappedTable {
         }
         let mut metadata = stored.metadata().clone();
         metadata.remove(LAYOUT_KEY);
-        let schema = Arc::new(Schema::new(stored.fields().clone()).with_metadata(metadata));
+        let left_out = match metadata.remove(IDS_KEY) {
+            Some(value) if chunked => ids::parse(&value, stored.fields().len()).map_err(damaged)?,
+            Some(_) => return Err(damaged(format!("'{IDS_KEY}' in a table of one batch"))),
+            None => Vec::new(),
+        };
+        let mut fields: Vec<Field> = Vec::with_capacity(stored.fields().len() + left_out.len());
+        let mut sources = Vec::with_capacity(fields.capacity());
+        let mut next_stored = 0..stored.fields().len();
+        for i in 0..stored.fields().len() + left_out.len() {
+            match left_out.iter().find(|c| c.index == i) {
+                Some(c) => {
+                    fields.push(c.field());
+                    sources.push(Source::Id(c.column));
+                }
+                None => {
+                    let n = next_stored.next().unwrap_or_default();
+                    fields.push(stored.field(n).clone());
+                    sources.push(Source::Stored(n));
+                }
+            }
+        }
+        let schema = Arc::new(Schema::new(fields).with_metadata(metadata));
+        let names: std::collections::HashSet<&String> =
+            schema.fields().iter().map(|f| f.name()).collect();
+        if names.len() != schema.fields().len() {
+            return Err(damaged("a column name is used twice".into()));
+        }
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
-        let checked = (0..schema.fields().len())
+        let checked = (0..stored.fields().len())
             .map(|_| OnceLock::new())
             .collect();
         Ok(MappedTable {
             chunks: Chunks {
                 schema,
-                batches,
+                stored: batches,
+                sources,
+                keys: None,
                 chunk_rows,
                 rows,
             },
             chunked,
+            left_out,
             path: path.to_path_buf(),
             checked,
             map: map.clone(),
         })
+    }
+
+    /// The identity columns the file leaves out (`ids.rs`).
+    pub fn left_out(&self) -> &[LeftOut] {
+        &self.left_out
+    }
+
+    /// Give a table that leaves its identities out the keys they are made
+    /// from (its population's rows file).
+    pub fn set_keys(&mut self, keys: Keys) -> Result<()> {
+        if keys.len() != self.num_rows() {
+            return Err(Error::internal(format!(
+                "a population's table has {} rows and its rows file {}",
+                self.num_rows(),
+                keys.len()
+            )));
+        }
+        if !self.left_out.is_empty() {
+            self.chunks.keys = Some(keys);
+        }
+        Ok(())
     }
 
     pub fn schema(&self) -> SchemaRef {
@@ -332,16 +439,28 @@ impl MappedTable {
 
     /// Column `i`, its values checked in full on first use.
     pub fn column(&self, i: usize) -> Result<ChunkedColumn> {
-        if i >= self.checked.len() {
-            return Err(Error::internal(format!("no column {i}")));
-        }
+        let n = match self.chunks.sources.get(i).copied() {
+            Some(Source::Stored(n)) => n,
+            Some(Source::Id(column)) => {
+                let keys = self.chunks.keys.clone().ok_or_else(|| {
+                    Error::internal("a table without its identities was read without its keys")
+                })?;
+                let dtype = self.schema().field(i).data_type().clone();
+                return Ok(ChunkedColumn {
+                    chunks: Vec::new(),
+                    chunk_rows: self.chunks.chunk_rows,
+                    identity: Some((keys, column, dtype)),
+                });
+            }
+            None => return Err(Error::internal(format!("no column {i}"))),
+        };
         let chunks: Vec<ArrayRef> = self
             .chunks
-            .batches
+            .stored
             .iter()
-            .map(|b| b.column(i).clone())
+            .map(|b| b.column(n).clone())
             .collect();
-        let checked = self.checked[i].get_or_init(|| {
+        let checked = self.checked[n].get_or_init(|| {
             chunks
                 .iter()
                 .try_for_each(|c| c.to_data().validate_full())
@@ -351,6 +470,7 @@ impl MappedTable {
             Ok(()) => Ok(ChunkedColumn {
                 chunks,
                 chunk_rows: self.chunks.chunk_rows,
+                identity: None,
             }),
             Err(e) => Err(Error::corrupt(
                 &self.path,
@@ -364,10 +484,12 @@ impl MappedTable {
         self.chunks.clone()
     }
 
-    /// The table, every column checked.
+    /// The table, every stored column checked.
     pub fn checked(&self) -> Result<Chunks> {
-        for i in 0..self.checked.len() {
-            self.column(i)?;
+        for (i, source) in self.chunks.sources.iter().enumerate() {
+            if let Source::Stored(_) = source {
+                self.column(i)?;
+            }
         }
         Ok(self.chunks.clone())
     }
@@ -406,8 +528,8 @@ mod tests {
     fn opening_reads_the_chunk_headers_not_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let schema = Arc::new(Schema::new(vec![
-            arrow_schema::Field::new("cache_id", arrow_schema::DataType::UInt64, false),
-            arrow_schema::Field::new("sample_id", arrow_schema::DataType::UInt64, false),
+            arrow_schema::Field::new("a", arrow_schema::DataType::UInt64, false),
+            arrow_schema::Field::new("b", arrow_schema::DataType::UInt64, false),
             arrow_schema::Field::new("label", arrow_schema::DataType::Int64, false),
             arrow_schema::Field::new("weight", arrow_schema::DataType::Float64, false),
         ]));
@@ -426,7 +548,13 @@ mod tests {
         for _ in 0..32 {
             writer.append(&chunk).unwrap(); // 32 chunks of 2 MiB
         }
-        let stored = writer.finish().unwrap();
+        // No identity columns: no keys to hash.
+        let keys = crate::population::ids::KeysFile {
+            path: dir.path().join("none"),
+            rows: 0,
+            cache_ids: Vec::new(),
+        };
+        let stored = writer.finish(&keys).unwrap();
         let path = stored.file.path().to_path_buf();
         let file = File::open(&path).unwrap();
         // SAFETY: advice on an open descriptor; it only drops clean cached pages.
@@ -472,7 +600,9 @@ mod tests {
         };
         let chunks = Chunks {
             schema: schema.clone(),
-            batches: vec![part(0), part(3)],
+            stored: vec![part(0), part(3)],
+            sources: (0..3).map(Source::Stored).collect(),
+            keys: None,
             chunk_rows: 3,
             rows: 6,
         };

@@ -24,25 +24,42 @@ use arrow_data::{ArrayData, ArrayDataBuilder};
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::{DataType, Field, Schema};
 
-use super::table::MappedTable;
+use super::ids::{IdColumn, KeysFile};
+use super::table::{Chunks, MappedTable};
 use crate::error::{Error, Result};
 use crate::hash::xxh3_128;
 
-/// The id of the table stored in `table` (see the module's header).
-pub fn table_id(table: &MappedTable) -> Result<String> {
+/// The id of the table stored in `table` (see the module's header). A table
+/// that leaves its identity columns out (`ids.rs`) is hashed with them, made
+/// from `keys`, its rows file's.
+pub fn table_id(table: &MappedTable, keys: Option<&KeysFile>) -> Result<String> {
     if !table.is_chunked() {
         return Ok(format!("{:032x}", xxh3_128(table.bytes())));
     }
     let chunks = table.unchecked();
-    let batches = chunks.batches();
     let rows = chunks.num_rows();
+    if !table.left_out().is_empty() {
+        let Some(keys) = keys else {
+            return Err(Error::internal(
+                "a table without its identities was hashed without its keys",
+            ));
+        };
+        if keys.rows != rows {
+            return Err(Error::corrupt(
+                &keys.path,
+                format!("it holds {} rows and its table {rows}", keys.rows),
+            ));
+        }
+    }
     let mut placeholders = Vec::new();
     let mut fields = Vec::new();
     let mut arrays = Vec::new();
     for (i, field) in chunks.schema().fields().iter().enumerate() {
-        let parts: Vec<ArrayData> = batches.iter().map(|b| b.column(i).to_data()).collect();
-        let (field, array) = whole_column(i, field, &parts, rows, &mut placeholders)
-            .map_err(|detail| Error::corrupt(table.path(), detail))?;
+        let column = match chunks.column_parts(i) {
+            Ok(parts) => whole_column(i, field, &parts, rows, &mut placeholders),
+            Err(id) => identity_column(i, field, id, rows, &mut placeholders),
+        };
+        let (field, array) = column.map_err(|detail| Error::corrupt(table.path(), detail))?;
         fields.push(field);
         arrays.push(array);
     }
@@ -51,7 +68,8 @@ pub fn table_id(table: &MappedTable) -> Result<String> {
     let mut sink = HashSink {
         hash: twox_hash::XxHash3_128::new(),
         placeholders: &placeholders,
-        batches,
+        chunks: &chunks,
+        keys,
         file: FileBytes {
             path: table.path(),
             map: table.bytes(),
@@ -83,6 +101,8 @@ enum Make {
     Offsets { wide: bool },
     /// String or binary bytes.
     Bytes,
+    /// An identity made from the keys, `width` bytes each.
+    Identity { id: IdColumn, width: usize },
 }
 
 struct Placeholder {
@@ -216,6 +236,31 @@ fn whole_column(
     Ok((field.clone().with_data_type(dtype), make_array(data)))
 }
 
+/// A left-out identity column of the whole table: a placeholder for its
+/// values (it has no nulls).
+fn identity_column(
+    column: usize,
+    field: &Field,
+    id: IdColumn,
+    rows: usize,
+    out: &mut Vec<Placeholder>,
+) -> std::result::Result<(Field, ArrayRef), String> {
+    let dtype = field.data_type().clone();
+    let width = dtype
+        .primitive_width()
+        .ok_or_else(|| format!("identity column '{}' is not an integer", field.name()))?;
+    let values = as_buffer(placeholder(
+        rows * width,
+        column,
+        Make::Identity { id, width },
+        out,
+    )?);
+    let builder = ArrayDataBuilder::new(dtype).len(rows).buffers(vec![values]);
+    // SAFETY: as in `whole_column`.
+    let data = unsafe { builder.build_unchecked() };
+    Ok((field.clone(), make_array(data)))
+}
+
 /// A chunk's first and last string offsets.
 fn offset_range(part: &ArrayData) -> std::result::Result<(i64, i64), String> {
     let offsets = offsets_of(part)?;
@@ -254,7 +299,8 @@ fn offsets_of(part: &ArrayData) -> std::result::Result<Vec<i64>, String> {
 struct HashSink<'a> {
     hash: twox_hash::XxHash3_128,
     placeholders: &'a [Placeholder],
-    batches: &'a [RecordBatch],
+    chunks: &'a Chunks,
+    keys: Option<&'a KeysFile>,
     file: FileBytes<'a>,
     /// Why the chunks could not be read (a damaged file).
     failure: Option<String>,
@@ -304,13 +350,13 @@ impl Write for HashSink<'_> {
         match found {
             None => self.hash.write(bytes),
             Some(p) if at == p.start && bytes.len() == p.len => {
-                let parts: Vec<ArrayData> = self
-                    .batches
-                    .iter()
-                    .map(|b| b.column(p.column).to_data())
-                    .collect();
                 let hash = &mut self.hash;
-                let fed = generate(p.make, &parts, &self.file, &mut |b: &[u8]| hash.write(b));
+                let mut out = |b: &[u8]| hash.write(b);
+                let fed = match (p.make, self.chunks.column_parts(p.column), self.keys) {
+                    (Make::Identity { id, width }, _, Some(keys)) => keys.feed(id, width, &mut out),
+                    (make, Ok(parts), _) => generate(make, &parts, &self.file, &mut out),
+                    _ => Err("a column's values cannot be found".to_string()),
+                };
                 if let Err(detail) = fed {
                     self.failure = Some(detail);
                     return Err(std::io::Error::other("a chunk cannot be read"));
@@ -395,6 +441,7 @@ fn generate(
             }
             out(&chunk);
         }
+        Make::Identity { .. } => return Err("an identity is made from the keys".into()),
         Make::Bytes => {
             let mut slices = Vec::with_capacity(parts.len());
             for part in parts {

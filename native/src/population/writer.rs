@@ -14,6 +14,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
+use super::ids::KeysFile;
 use super::rows::RowsWriter;
 use super::scratch::ScratchFile;
 use super::store::canonical;
@@ -182,18 +183,26 @@ impl PopulationWriter {
                 &f.problem,
             ));
         }
-        let (Some(table), Some(rows)) = (self.table, self.rows) else {
+        let (Some(table), Some(mut rows)) = (self.table, self.rows) else {
             return Err(Error::population(EMPTY_TABLE));
         };
-        // The table's id (a read of its file) and the alias table (built in
-        // place) are independent: two threads.
         let caches = &self.caches;
+        let keys = KeysFile {
+            path: rows.flush_keys()?.to_path_buf(),
+            rows: self.count as usize,
+            cache_ids: caches.cache_ids(),
+        };
+        // The table's id (a read of its file and the keys) and the alias
+        // table (built in place after the keys) are independent: two threads.
         let (table, rows_file) = std::thread::scope(|scope| {
-            let table = scope.spawn(|| table.finish());
+            let table = scope.spawn(|| table.finish(&keys));
             let rows_file = rows.finish(caches);
             (join(table), rows_file)
         });
-        let (table, rows_file) = (table?, rows_file?);
+        // The rows file's error first: a refused alias table (weights whose
+        // sum overflows) removes the file the hash may still be reading.
+        let rows_file = rows_file?;
+        let table = table?;
         Ok(WrittenPopulation {
             id: table.id,
             rows: self.count,

@@ -83,6 +83,17 @@ impl<T: Plain> Slab<T> {
     }
 }
 
+impl<T: Plain> Clone for Slab<T> {
+    /// Another view of the same memory.
+    fn clone(&self) -> Self {
+        Slab {
+            ptr: self.ptr,
+            len: self.len,
+            _owner: self._owner.clone(),
+        }
+    }
+}
+
 impl<T: Plain> std::fmt::Debug for Slab<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Slab of {} values", self.len)
