@@ -14,11 +14,16 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, UInt64Array};
+use arrow_array::types::{
+    Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{ArrayRef, ArrowPrimitiveType, Int64Array, PrimitiveArray, UInt64Array};
+use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Schema};
 
-use super::rows::{split_key, ROWS_HEADER};
+use super::rows::{split_key, ROWS_HEADER, SAMPLE_BITS};
 use crate::error::{Error, Result};
+use crate::storage::mapped::MappedFile;
 use crate::storage::Slab;
 
 /// The schema metadata that lists a table file's left-out identity columns.
@@ -152,15 +157,18 @@ pub fn parse(value: &str, stored: usize) -> std::result::Result<Vec<LeftOut>, St
 #[derive(Clone)]
 pub struct Keys {
     keys: Slab<u64>,
+    /// The rows file's mapping, which `keys` lie in at `ROWS_HEADER`.
+    map: Arc<MappedFile>,
     cache_ids: Arc<[u64]>,
     /// The rows file, for errors.
     path: PathBuf,
 }
 
 impl Keys {
-    pub fn new(keys: Slab<u64>, cache_ids: Arc<[u64]>, path: &Path) -> Self {
+    pub fn new(keys: Slab<u64>, map: Arc<MappedFile>, cache_ids: Arc<[u64]>, path: &Path) -> Self {
         Keys {
             keys,
+            map,
             cache_ids,
             path: path.to_path_buf(),
         }
@@ -182,6 +190,23 @@ impl Keys {
             .keys
             .get(rows.clone())
             .ok_or_else(|| self.past(rows.end))?;
+        // Keys of the first cache are their sample ids: a 64-bit sample id
+        // column of them is a view of the rows file, no copy (a dataset of
+        // one cache, the common case, never makes its sample ids).
+        let first_cache = keys.iter().fold(0, |any, &k| any | k) >> SAMPLE_BITS == 0;
+        if column == IdColumn::Sample && first_cache {
+            let at = ROWS_HEADER + rows.start * 8;
+            let view = crate::storage::arrow_buffer(&self.map, at, keys.len() * 8)
+                .ok_or_else(|| self.past(rows.end))?;
+            let view = ScalarBuffer::new(view, 0, keys.len());
+            match dtype {
+                DataType::UInt64 => return Ok(Arc::new(UInt64Array::new(view, None))),
+                DataType::Int64 => {
+                    return Ok(Arc::new(Int64Array::new(view.into_inner().into(), None)))
+                }
+                _ => {}
+            }
+        }
         self.make(column, keys.iter().copied(), dtype)
     }
 
@@ -203,34 +228,67 @@ impl Keys {
         Error::internal(format!("row {row} is past the table's {} rows", self.len()))
     }
 
+    /// The values of `column` for `keys`, built in `dtype` at once (one
+    /// allocation, no cast). A key naming no cache, or a value `dtype`
+    /// cannot hold, is flagged as the values are made, without a branch per
+    /// value, and refused as a damaged rows file.
     fn make(
         &self,
         column: IdColumn,
         keys: impl Iterator<Item = u64>,
         dtype: &DataType,
     ) -> Result<ArrayRef> {
-        let damaged = |detail: String| Error::corrupt(&self.path, detail);
-        let values: Vec<u64> = match column {
-            IdColumn::Sample => keys.map(|k| split_key(k).1).collect(),
-            IdColumn::Cache => keys
-                .map(|k| cache_id(&self.cache_ids, k))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(damaged)?,
-        };
-        let values: ArrayRef = Arc::new(UInt64Array::from(values));
-        if dtype == &DataType::UInt64 {
-            return Ok(values);
+        let ids = &self.cache_ids;
+        let last = ids.len().saturating_sub(1);
+        let (mut no_cache, mut too_large) = (false, false);
+        let values = keys.map(|key| {
+            let (position, sample) = split_key(key);
+            match column {
+                IdColumn::Sample => sample,
+                IdColumn::Cache => {
+                    no_cache |= position as usize > last;
+                    ids.get((position as usize).min(last)).copied().unwrap_or(0)
+                }
+            }
+        });
+        macro_rules! typed {
+            ($t:ty) => {{
+                let max = <$t as ArrowPrimitiveType>::Native::MAX as u64;
+                Arc::new(PrimitiveArray::<$t>::from_iter_values(values.map(|v| {
+                    too_large |= v > max;
+                    v as <$t as ArrowPrimitiveType>::Native
+                }))) as ArrayRef
+            }};
         }
-        let options = arrow_cast::CastOptions {
-            safe: false,
-            ..Default::default()
+        let array = match dtype {
+            DataType::UInt64 => typed!(UInt64Type),
+            DataType::Int64 => typed!(Int64Type),
+            DataType::UInt32 => typed!(UInt32Type),
+            DataType::Int32 => typed!(Int32Type),
+            DataType::UInt16 => typed!(UInt16Type),
+            DataType::Int16 => typed!(Int16Type),
+            DataType::UInt8 => typed!(UInt8Type),
+            DataType::Int8 => typed!(Int8Type),
+            other => {
+                return Err(Error::internal(format!(
+                    "an identity column of type {other}"
+                )))
+            }
         };
-        arrow_cast::cast_with_options(&values, dtype, &options).map_err(|e| {
-            damaged(format!(
-                "a key's {} does not fit the column's type {dtype}: {e}",
+        let damaged = |detail: String| Error::corrupt(&self.path, detail);
+        if no_cache {
+            return Err(damaged(format!(
+                "a key names a cache position past the dataset's {} caches",
+                ids.len()
+            )));
+        }
+        if too_large {
+            return Err(damaged(format!(
+                "a key's {} does not fit the column's type {dtype}",
                 column.name()
-            ))
-        })
+            )));
+        }
+        Ok(array)
     }
 }
 

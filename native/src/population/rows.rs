@@ -48,7 +48,7 @@ const HEADER: usize = 64;
 /// Where the keys start.
 pub const ROWS_HEADER: usize = HEADER;
 /// Bits of a key that hold the sample id; the cache position is above them.
-const SAMPLE_BITS: u32 = 40;
+pub const SAMPLE_BITS: u32 = 40;
 const SAMPLE_MASK: u64 = (1 << SAMPLE_BITS) - 1;
 /// Sample ids and cache positions a key can hold.
 pub const MAX_SAMPLE_ID: u64 = SAMPLE_MASK;
@@ -250,7 +250,7 @@ impl PopulationRows {
 
     /// The rows' identities, for a table that leaves them out (`ids.rs`).
     pub fn keys(&self, cache_ids: Arc<[u64]>) -> Keys {
-        Keys::new(self.keys.clone(), cache_ids, &self.path)
+        Keys::new(self.keys.clone(), self.map.clone(), cache_ids, &self.path)
     }
 
     /// Row `row`'s record: (cache position, sample id). A row past the end or
