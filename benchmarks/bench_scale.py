@@ -196,15 +196,15 @@ def start_server(cache: Path, state: Path, workdir: Path, records: int) -> tuple
     return server, time.perf_counter() - started
 
 
-def put(
-    location: str, pid: int, cache_id: int, records: int, rows: int, batch_rows: int
-) -> dict[str, Any]:
+def send_population(
+    location: str, batches: Iterator[pa.RecordBatch], rows: int
+) -> tuple[dict[str, Any], float]:
+    """Put (and activate) ``batches`` by plain ``do_put``: the server's answer
+    (its row count checked) and the seconds from the first batch to it."""
     client = flight.connect(location)
     options = flight.FlightCallOptions(timeout=timeout_for(rows))
     descriptor = flight.FlightDescriptor.for_command(json.dumps({"dataset": DATASET}))
-    batches = population_batches(cache_id, records, rows, batch_rows)
     first = next(batches)
-    stop_sampling = sample_peak(pid)
     started = time.perf_counter()
     try:
         writer, reader = client.do_put(descriptor, first.schema, options=options)
@@ -214,12 +214,22 @@ def put(
         writer.done_writing()
         answer = json.loads(reader.read().to_pybytes())
         writer.close()
-        seconds = time.perf_counter() - started
     finally:
-        peak = stop_sampling()
         client.close()
     if answer["rows"] != rows:
         raise common.BenchError(f"the put stored {answer} for {rows} rows")
+    return answer, time.perf_counter() - started
+
+
+def put(
+    location: str, pid: int, cache_id: int, records: int, rows: int, batch_rows: int
+) -> dict[str, Any]:
+    stop_sampling = sample_peak(pid)
+    try:
+        batches = population_batches(cache_id, records, rows, batch_rows)
+        _, seconds = send_population(location, batches, rows)
+    finally:
+        peak = stop_sampling()
     return {"put_rows_s": rows / seconds, "put_peak_anon": peak} | {
         f"put_after_{k}": v for k, v in rss(pid).items()
     }

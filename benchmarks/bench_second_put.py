@@ -42,11 +42,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 from bench_scale import (
-    DATASET,
     RESERVE,
     bounded,
     parse_rows,
     rss,
+    send_population,
     start_server,
     ticket,
     timeout_for,
@@ -119,24 +119,8 @@ class Sampler:
 
 def put(location: str, batches: Iterator[pa.RecordBatch], rows: int) -> tuple[str, float]:
     """Put and activate ``batches``; the population id and rows/s."""
-    client = flight.connect(location)
-    options = flight.FlightCallOptions(timeout=timeout_for(rows))
-    descriptor = flight.FlightDescriptor.for_command(json.dumps({"dataset": DATASET}))
-    first = next(batches)
-    started = time.perf_counter()
-    try:
-        writer, reader = client.do_put(descriptor, first.schema, options=options)
-        writer.write_batch(first)
-        for batch in batches:
-            writer.write_batch(batch)
-        writer.done_writing()
-        answer = json.loads(reader.read().to_pybytes())
-        writer.close()
-    finally:
-        client.close()
-    if answer["rows"] != rows:
-        raise common.BenchError(f"the put stored {answer} for {rows} rows")
-    return str(answer["population"]), rows / (time.perf_counter() - started)
+    answer, seconds = send_population(location, batches, rows)
+    return str(answer["population"]), rows / seconds
 
 
 def first_rows(location: str) -> list[int]:

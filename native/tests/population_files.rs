@@ -126,6 +126,19 @@ fn table(caches: &CacheSet) -> RecordBatch {
     RecordBatch::try_from_iter(columns).unwrap()
 }
 
+/// `table` written as a population in batches of `sizes` and kept in `store`:
+/// its id.
+fn keep(
+    store: &PopulationStore,
+    caches: &Arc<CacheSet>,
+    table: &RecordBatch,
+    sizes: &[usize],
+) -> String {
+    let written =
+        write_population(caches.clone(), &store.scratch_dir(), batches(table, sizes)).unwrap();
+    store.keep(written).unwrap()
+}
+
 fn batches(table: &RecordBatch, sizes: &[usize]) -> Vec<dataset_rt_native::Result<RecordBatch>> {
     let mut out = Vec::new();
     let (mut start, mut k) = (0, 0);
@@ -313,13 +326,7 @@ fn damaged_population_files_are_refused_with_the_file_named() {
     let dir = tempfile::tempdir().unwrap();
     let caches = caches(&dir.path().join("caches"));
     let store = PopulationStore::open(&dir.path().join("state")).unwrap();
-    let written = write_population(
-        caches.clone(),
-        &store.scratch_dir(),
-        batches(&table(&caches), &[50]),
-    )
-    .unwrap();
-    let id = store.keep(written).unwrap();
+    let id = keep(&store, &caches, &table(&caches), &[50]);
     let table_path = store.scratch_dir().join(format!("{id}.arrow"));
     let rows_path = store.scratch_dir().join(format!("{id}.rows"));
     let refused = |what: &str| match store.open_population(&id, &caches) {
@@ -353,13 +360,7 @@ fn a_damaged_table_file_is_refused_or_read_with_errors_never_a_crash() {
     let caches = caches(&dir.path().join("caches"));
     let store = PopulationStore::open(&dir.path().join("state")).unwrap();
     let table = table(&caches);
-    let written = write_population(
-        caches.clone(),
-        &store.scratch_dir(),
-        batches(&table, &[100]),
-    )
-    .unwrap();
-    let id = store.keep(written).unwrap();
+    let id = keep(&store, &caches, &table, &[100]);
     let path = store.scratch_dir().join(format!("{id}.arrow"));
     let rows = store.scratch_dir().join(format!("{id}.rows"));
     let original = std::fs::read(&path).unwrap();
@@ -434,14 +435,8 @@ fn identities_weight_and_sampler_take_24_bytes_a_row() {
         .unwrap()
         .put_table(&table)
         .unwrap();
-    let written = write_population(
-        caches.clone(),
-        &store.scratch_dir(),
-        batches(&table, &[100_000]),
-    )
-    .unwrap();
-    assert_eq!(written.id, whole, "the id of the table stored whole");
-    let id = store.keep(written).unwrap();
+    let id = keep(&store, &caches, &table, &[100_000]);
+    assert_eq!(id, whole, "the id of the table stored whole");
     let table_path = store.scratch_dir().join(format!("{id}.arrow"));
     let rows_path = store.scratch_dir().join(format!("{id}.rows"));
     let bytes = std::fs::metadata(&table_path).unwrap().len()
@@ -501,13 +496,7 @@ fn a_damaged_key_is_an_error_where_the_identities_are_read() {
     let dir = tempfile::tempdir().unwrap();
     let caches = caches(&dir.path().join("caches"));
     let store = PopulationStore::open(&dir.path().join("state")).unwrap();
-    let written = write_population(
-        caches.clone(),
-        &store.scratch_dir(),
-        batches(&table(&caches), &[100]),
-    )
-    .unwrap();
-    let id = store.keep(written).unwrap();
+    let id = keep(&store, &caches, &table(&caches), &[100]);
     let rows_path = store.scratch_dir().join(format!("{id}.rows"));
     let mut bytes = std::fs::read(&rows_path).unwrap();
     // Row 3's key: its cache position (bits 40..) set to 5 of 1 cache.

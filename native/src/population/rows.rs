@@ -115,6 +115,23 @@ impl Header {
         out
     }
 
+    /// The header of a file of `len` bytes that starts with `bytes`, checked
+    /// against the file's length and `caches`.
+    fn check(bytes: &[u8], len: u64, caches: &CacheSet) -> std::result::Result<Self, String> {
+        let header = Header::parse(bytes)?;
+        if header.len != len {
+            return Err(format!(
+                "{len} bytes where its header says {}: the file is truncated or was \
+                 written over",
+                header.len
+            ));
+        }
+        if header.caches_key != caches_key(caches) {
+            return Err("the file was built for other caches (or another order of them)".into());
+        }
+        Ok(header)
+    }
+
     fn parse(bytes: &[u8]) -> std::result::Result<Self, String> {
         if bytes.len() < HEADER || &bytes[..8] != MAGIC {
             return Err("not a population rows file (no DRTROWS1 header)".into());
@@ -158,19 +175,7 @@ impl PopulationRows {
             return Err(damaged(format!("{len} bytes, shorter than its header")));
         }
         let map = Arc::new(MappedFile::map(&file).at("cannot map", path)?);
-        let header = Header::parse(&map).map_err(damaged)?;
-        if header.len != len {
-            return Err(damaged(format!(
-                "{len} bytes where its header says {}: the file is truncated or was \
-                 written over",
-                header.len
-            )));
-        }
-        if header.caches_key != caches_key(caches) {
-            return Err(damaged(
-                "the file was built for other caches (or another order of them)".into(),
-            ));
-        }
+        let header = Header::check(&map, len, caches).map_err(damaged)?;
         let rows = header.rows as usize;
         let keys = Slab::mapped(&map, HEADER, rows).map_err(damaged)?;
         let alias = Slab::mapped(&map, header.alias as usize, rows).map_err(damaged)?;
@@ -197,19 +202,7 @@ impl PopulationRows {
         let mut bytes = [0u8; HEADER];
         std::io::Read::read_exact(&mut file, &mut bytes)
             .map_err(|_| damaged(format!("{len} bytes, shorter than its header")))?;
-        let header = Header::parse(&bytes).map_err(damaged)?;
-        if header.len != len {
-            return Err(damaged(format!(
-                "{len} bytes where its header says {}: the file is truncated or was \
-                 written over",
-                header.len
-            )));
-        }
-        if header.caches_key != caches_key(caches) {
-            return Err(damaged(
-                "the file was built for other caches (or another order of them)".into(),
-            ));
-        }
+        let header = Header::check(&bytes, len, caches).map_err(damaged)?;
         Ok(KeysFile {
             path: path.to_path_buf(),
             rows: header.rows as usize,
