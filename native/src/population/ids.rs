@@ -193,19 +193,19 @@ impl Keys {
         // Keys of the first cache are their sample ids: a 64-bit sample id
         // column of them is a view of the rows file, no copy (a dataset of
         // one cache, the common case, never makes its sample ids).
-        let first_cache = keys.iter().fold(0, |any, &k| any | k) >> SAMPLE_BITS == 0;
-        if column == IdColumn::Sample && first_cache {
+        let wide = matches!(dtype, DataType::UInt64 | DataType::Int64);
+        if column == IdColumn::Sample
+            && wide
+            && keys.iter().fold(0, |any, &k| any | k) >> SAMPLE_BITS == 0
+        {
             let at = ROWS_HEADER + rows.start * 8;
             let view = crate::storage::arrow_buffer(&self.map, at, keys.len() * 8)
                 .ok_or_else(|| self.past(rows.end))?;
-            let view = ScalarBuffer::new(view, 0, keys.len());
-            match dtype {
-                DataType::UInt64 => return Ok(Arc::new(UInt64Array::new(view, None))),
-                DataType::Int64 => {
-                    return Ok(Arc::new(Int64Array::new(view.into_inner().into(), None)))
-                }
-                _ => {}
-            }
+            let view = ScalarBuffer::<u64>::new(view, 0, keys.len());
+            return Ok(match dtype {
+                DataType::Int64 => Arc::new(Int64Array::new(view.into_inner().into(), None)),
+                _ => Arc::new(UInt64Array::new(view, None)),
+            });
         }
         self.make(column, keys.iter().copied(), dtype)
     }
