@@ -42,7 +42,9 @@ use dataset_rt_native::sampling::{word_at, ShuffleMode, StreamOrder, StreamWindo
 use dataset_rt_native::storage::{
     CacheSet, CacheWriter, ColumnSpec, EncodedRecord, MetaType, MetaValue, WriterOptions,
 };
-use dataset_rt_native::stream::{draw_rows, BatchContext, EpochStream, StreamOptions, WorkerPool};
+use dataset_rt_native::stream::{
+    draw_rows, BatchContext, Draw, EpochStream, StreamOptions, WorkerPool,
+};
 use tempfile::TempDir;
 
 const KIB: usize = 1 << 10;
@@ -247,8 +249,8 @@ fn draws(c: &mut Criterion, fx: &Fixtures) {
 /// its first batches, planned as `EpochStream` plans them.
 struct Planned {
     ctx: BatchContext,
-    /// (first window index, rows, payload bytes) per batch.
-    batches: Vec<(u64, Vec<u32>, u64)>,
+    /// (first window index, draws, payload bytes) per batch.
+    batches: Vec<(u64, Vec<Draw>, u64)>,
     next: usize,
 }
 
@@ -270,14 +272,14 @@ fn plan(fx: &Fixtures, size: usize, mode: ShuffleMode, batches: usize) -> Planne
     while planned.len() < batches && i < ctx.window.count {
         let (first, mut rows, mut bytes) = (i, Vec::new(), 0u64);
         while rows.len() < options.batch_rows.get() && i < ctx.window.count {
-            let mut drawn = Vec::with_capacity(1);
+            let (mut drawn, mut draws) = (Vec::with_capacity(1), Vec::with_capacity(1));
             ctx.rows_at(i, 1, &mut drawn);
-            let row = drawn[0] as usize;
-            let len = ctx.payload_len(row);
+            ctx.locate(&drawn, &mut draws);
+            let len = draws[0].payload_len();
             if !rows.is_empty() && bytes + len > options.max_batch_bytes.get() {
                 break;
             }
-            rows.push(row as u32);
+            rows.push(draws[0]);
             bytes += len;
             i += 1;
         }

@@ -197,7 +197,6 @@ impl Cache {
                 .map_err(|e| Error::corrupt(&index_path, e))?,
             None => Slab::from_vec(Vec::new()),
         };
-        crate::prefetch::huge_pages_hint(&index);
         let (metadata, metadata_map) = read_metadata(dir, &manifest)?;
         let mapped_files: Vec<(&'static str, Arc<MappedFile>)> = index_map
             .iter()
@@ -299,9 +298,11 @@ impl Cache {
         &self.metadata
     }
 
-    /// Record `sample_id`'s index entry (None past the end, or damaged).
+    /// Record `sample_id`'s index entry (None past the end, or damaged). A random read of
+    /// the index: a stream's planner reads it once, for the record's length, and
+    /// hands it to the batch builder (`read_entry_into`).
     #[inline]
-    fn entry(&self, sample_id: u64) -> Option<IndexEntry> {
+    pub fn entry(&self, sample_id: u64) -> Option<IndexEntry> {
         self.index.get(sample_id as usize)?.entry()
     }
 
@@ -314,7 +315,17 @@ impl Cache {
 
     /// Append record `sample_id`'s payload to `out`, verifying its checksum.
     pub fn read_into(&self, sample_id: u64, out: &mut Vec<u8>) -> Result<()> {
-        let entry = &self.entry(sample_id).ok_or_else(|| {
+        self.read_entry_into(sample_id, self.entry(sample_id), out)
+    }
+
+    /// `read_into` with the record's `entry` already read (`Cache::entry`).
+    pub fn read_entry_into(
+        &self,
+        sample_id: u64,
+        entry: Option<IndexEntry>,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let entry = &entry.ok_or_else(|| {
             Error::invalid(format!(
                 "sample_id {sample_id} is out of range for cache {} ({} records)",
                 self.manifest.cache_id, self.manifest.record_count
@@ -332,16 +343,13 @@ impl Cache {
         self.decode_record(sample_id, entry, stored, out)
     }
 
-    /// Ask the CPU to start loading record `sample_id`'s bytes (and their page
-    /// table entries) into its caches, without waiting for them and without
-    /// reading them: a batch builder calls it a few records ahead, so that the
-    /// memory latency of random records in memory-mapped shards overlaps with
-    /// the verification of the records before. A hint only: it never faults and
-    /// does nothing for records read with `pread` or out of range.
-    pub fn prefetch(&self, sample_id: u64) {
-        let Some(ref entry) = self.entry(sample_id) else {
-            return;
-        };
+    /// Ask the CPU to start loading the bytes of the record at `entry` (and
+    /// their page table entries) into its caches, without waiting for them and
+    /// without reading them: a batch builder calls it a few records ahead, so
+    /// that the memory latency of random records in memory-mapped shards
+    /// overlaps with the verification of the records before. A hint only: it
+    /// never faults and does nothing for records read with `pread`.
+    pub fn prefetch(&self, entry: &IndexEntry) {
         if entry.stored_len >= LARGE_RECORD {
             return;
         }
@@ -643,6 +651,12 @@ fn map_checked(
     } else {
         Some(Arc::new(MappedFile::map(&file).map_err(unreadable)?))
     };
+    // Before the first read: the pages this read brings in are the ones the
+    // cache is served from, and only pages read in after the hint can be
+    // mapped huge (`crate::prefetch::huge_pages_hint`).
+    if let Some(map) = &map {
+        crate::prefetch::huge_pages_hint(&map[..]);
+    }
     let digest = hex64(xxh3_64(map.as_deref().map_or(&[][..], |m| &m[..])));
     check_digest(&path, &entry.xxh3, &digest)?;
     Ok(map)

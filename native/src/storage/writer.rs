@@ -4,7 +4,7 @@
 //! it is published or removed, so other writers know it is not abandoned.
 
 use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use arrow_ipc::writer::FileWriter;
 use arrow_schema::{Field, Schema};
 
 use super::codec::{Compression, EncodedRecord, Encoding};
+use super::direct::DirectWriter;
 use super::gather::{ShardOut, StoredBytes};
 use super::index::IndexEntry;
 use super::manifest::{FileEntry, Manifest};
@@ -89,7 +90,10 @@ struct OpenShard {
 /// otherwise be held until the end: 4 GB for 10^8 records), hashed as it goes.
 struct IndexOut {
     path: PathBuf,
-    out: BufWriter<File>,
+    /// Written around the page cache, as shards are: its first reader then
+    /// maps it with huge pages (`Cache::open`), which pages left behind by
+    /// buffered writes cannot be. `None` once finished.
+    out: Option<DirectWriter>,
     hash: Xxh3,
     bytes: u64,
     entry: Vec<u8>,
@@ -100,7 +104,7 @@ impl IndexOut {
         let path = dir.join(INDEX_FILE);
         let file = File::create(&path).at("cannot create", &path)?;
         Ok(IndexOut {
-            out: BufWriter::with_capacity(1 << 20, file),
+            out: Some(DirectWriter::new(file, None).at("cannot write", &path)?),
             path,
             hash: Xxh3::new(),
             bytes: 0,
@@ -113,18 +117,19 @@ impl IndexOut {
         entry.encode(&mut self.entry);
         self.hash.update(&self.entry);
         self.bytes += self.entry.len() as u64;
-        self.out
-            .write_all(&self.entry)
-            .at("cannot write", &self.path)
+        let out = self.out.as_mut().ok_or_else(|| {
+            Error::internal(format!("{} is written already", self.path.display()))
+        })?;
+        out.write_all(&self.entry).at("cannot write", &self.path)
     }
 
-    /// Flushed and fsynced: the manifest's entry for the file.
+    /// Written and fsynced: the manifest's entry for the file.
     fn finish(&mut self) -> Result<FileEntry> {
-        self.out.flush().at("cannot write", &self.path)?;
-        self.out
-            .get_ref()
-            .sync_all()
-            .at("cannot fsync", &self.path)?;
+        let out = self.out.take().ok_or_else(|| {
+            Error::internal(format!("{} is written already", self.path.display()))
+        })?;
+        let (file, _) = out.finish().at("cannot write", &self.path)?;
+        file.sync_all().at("cannot fsync", &self.path)?;
         Ok(FileEntry {
             file: INDEX_FILE.to_string(),
             bytes: self.bytes,

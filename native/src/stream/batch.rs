@@ -11,7 +11,7 @@ use super::buffers::BufferPool;
 use crate::error::{Error, Result};
 use crate::population::{Population, PopulationColumn};
 use crate::sampling::{StreamOrder, StreamWindow};
-use crate::storage::{mapped, CacheSet, LARGE_RECORD};
+use crate::storage::{mapped, CacheSet, IndexEntry, LARGE_RECORD};
 
 /// Columns every stream batch starts with, in this order (the population's
 /// requested columns follow). `BASE_COLUMNS[c as usize]` names column `c`.
@@ -26,6 +26,30 @@ pub enum BaseColumn {
 }
 
 pub const BASE_COLUMNS: [&str; 4] = ["position", "cache_id", "sample_id", "payload"];
+
+/// A drawn population row and the record it names, read by the planner: the
+/// row's population entry and the record's index entry are random reads,
+/// made once (with their lines asked for ahead), so that the batch builder on
+/// another thread reads only the records' bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Draw {
+    pub row: u32,
+    /// The record's cache, by its position in the stream's `CacheSet`.
+    cache: u32,
+    sample_id: u64,
+    /// The record's index entry; None when the stream reads no payloads (or
+    /// the sample id is out of range, which the builder reports).
+    entry: Option<IndexEntry>,
+}
+
+impl Draw {
+    /// The record's payload length (0 without an entry: batch sizes then
+    /// follow rows alone).
+    #[inline]
+    pub fn payload_len(&self) -> u64 {
+        self.entry.map_or(0, |entry| entry.raw_len)
+    }
+}
 
 /// How many records ahead `BatchContext::build` asks for a record's memory:
 /// far enough that a random record's cache and TLB misses are over when it is
@@ -186,62 +210,58 @@ impl BatchContext {
         );
     }
 
-    /// Raw payload length of population row `row` (0 when the stream has no
-    /// payload, so batch sizes follow rows alone).
-    #[inline]
-    pub fn payload_len(&self, row: usize) -> u64 {
-        if !self.payload {
-            return 0;
-        }
-        let (ci, sid) = self.population.record(row);
-        self.caches.get(ci).raw_len(sid)
-    }
-
-    /// The payload length of each of `rows`, appended to `lens` (what the
-    /// planner sizes batches by). Each row's population entry and index entry
-    /// are random reads: they are asked for ahead, as `build` does.
-    pub fn payload_lens(&self, rows: &[u32], lens: &mut Vec<u64>) {
-        if !self.payload {
-            lens.resize(lens.len() + rows.len(), 0);
-            return;
-        }
+    /// The draws of `rows`, appended to `out`: each row's record and (when the
+    /// stream carries payloads) its index entry, for the planner to size
+    /// batches by and the builder to read. Each row's population entry and
+    /// index entry are random reads: they are asked for ahead, a step before
+    /// each is needed.
+    pub fn locate(&self, rows: &[u32], out: &mut Vec<Draw>) {
         self.population.read_ahead(rows);
-        for step in (2..=3).rev() {
-            for &row in rows.iter().take((step - 1) * PREFETCH_DISTANCE) {
+        let steps = if self.payload { 2 } else { 1 };
+        // Step 2, a row's population entry; step 1, its index entry.
+        for step in (1..=steps).rev() {
+            for &row in rows.iter().take(step * PREFETCH_DISTANCE) {
                 self.prefetch(step, row);
             }
         }
         for (i, &row) in rows.iter().enumerate() {
-            for step in 2..=3 {
-                if let Some(&ahead) = rows.get(i + (step - 1) * PREFETCH_DISTANCE) {
+            for step in 1..=steps {
+                if let Some(&ahead) = rows.get(i + step * PREFETCH_DISTANCE) {
                     self.prefetch(step, ahead);
                 }
             }
-            lens.push(self.payload_len(row as usize));
+            let (cache, sample_id) = self.population.record(row as usize);
+            let entry = if self.payload {
+                self.caches.get(cache).entry(sample_id)
+            } else {
+                None
+            };
+            out.push(Draw {
+                row,
+                cache,
+                sample_id,
+                entry,
+            });
         }
     }
 
-    /// The steps of a record's prefetch, each a step before the next needs it:
-    /// 3, its population entry; 2, its index entry; 1, its bytes.
+    /// A step of a row's prefetch, a step before `locate` reads it: 2 (with
+    /// payloads) or 1 (without), its population entry; 1 with payloads, its
+    /// index entry.
     fn prefetch(&self, step: usize, row: u32) {
-        if step == 3 {
+        if step == 2 || !self.payload {
             self.population.prefetch(row as usize);
             return;
         }
-        let (ci, sid) = self.population.record(row as usize);
-        let cache = self.caches.get(ci);
-        if step == 2 {
-            cache.prefetch_entry(sid);
-        } else {
-            cache.prefetch(sid);
-        }
+        let (cache, sample_id) = self.population.record(row as usize);
+        self.caches.get(cache).prefetch_entry(sample_id);
     }
 
-    /// Build the batch of window indices `first..first + rows.len()`.
-    /// `payload_bytes` is the sum of the rows' `payload_len` (the planner has
+    /// Build the batch of window indices `first..first + draws.len()`.
+    /// `payload_bytes` is the sum of the draws' `payload_len` (the planner has
     /// it already).
-    pub fn build(&self, first: u64, rows: &[u32], payload_bytes: u64) -> Result<RecordBatch> {
-        let built = self.build_rows(first, rows, payload_bytes);
+    pub fn build(&self, first: u64, draws: &[Draw], payload_bytes: u64) -> Result<RecordBatch> {
+        let built = self.build_rows(first, draws, payload_bytes);
         // A file cut short under its mapping reads as zeros (`storage::mapped`),
         // whichever thread met the cut (the planner reads index entries too):
         // once any mapping of the process was cut, a batch is refused whole
@@ -263,58 +283,44 @@ impl BatchContext {
             .or_else(|| self.population.truncation())
     }
 
-    fn build_rows(&self, first: u64, rows: &[u32], payload_bytes: u64) -> Result<RecordBatch> {
-        if let [row] = rows {
+    fn build_rows(&self, first: u64, draws: &[Draw], payload_bytes: u64) -> Result<RecordBatch> {
+        if let [draw] = draws {
             if self.alone(payload_bytes) {
-                if let Some(batch) = self.build_lent(first, *row)? {
+                if let Some(batch) = self.build_lent(first, draw)? {
                     return Ok(batch);
                 }
             }
         }
-        let n = rows.len();
-        let mut cache_ids = Vec::with_capacity(n);
-        let mut sample_ids = Vec::with_capacity(n);
+        let n = draws.len();
         let mut offsets = Vec::with_capacity(if self.payload { n + 1 } else { 0 });
         offsets.push(0i64);
         let mut values = self.buffers.take(payload_bytes as usize);
         let mut nulls = self.large_in_place.then(|| NullBufferBuilder::new(n));
-        if !self.payload {
-            // With payloads, `payload_lens` asked for the rows already.
-            self.population.read_ahead(rows);
-        }
         if self.payload {
-            for step in (1..=2).rev() {
-                for &row in rows.iter().take(step * PREFETCH_DISTANCE) {
-                    self.prefetch(step, row);
+            let prefetch = |draw: &Draw| {
+                if let Some(entry) = &draw.entry {
+                    self.caches.get(draw.cache).prefetch(entry);
                 }
-            }
-        }
-        for (i, &row) in rows.iter().enumerate() {
-            let (ci, sid) = self.population.record(row as usize);
-            let cache = self.caches.get(ci);
-            if self.payload {
-                // A record is two dependent random reads (its index entry, then
-                // its bytes): ask for each a step before it is needed.
-                for step in 1..=2 {
-                    if let Some(&ahead) = rows.get(i + step * PREFETCH_DISTANCE) {
-                        self.prefetch(step, ahead);
-                    }
-                }
+            };
+            draws.iter().take(PREFETCH_DISTANCE).for_each(prefetch);
+            for (i, draw) in draws.iter().enumerate() {
+                // A random record's bytes: asked for a few records before
+                // they are read.
+                draws.get(i + PREFETCH_DISTANCE).map(prefetch);
+                let cache = self.caches.get(draw.cache);
                 let in_place = match nulls.as_mut() {
                     Some(nulls) => {
-                        let in_place = cache.verify_in_place(sid)?;
+                        let in_place = cache.verify_in_place(draw.sample_id)?;
                         nulls.append(!in_place);
                         in_place
                     }
                     None => false,
                 };
                 if !in_place {
-                    cache.read_into(sid, &mut values)?;
+                    cache.read_entry_into(draw.sample_id, draw.entry, &mut values)?;
                 }
                 offsets.push(values.len() as i64);
             }
-            cache_ids.push(cache.cache_id());
-            sample_ids.push(sid);
         }
         let payload = self.payload.then(|| {
             Arc::new(LargeBinaryArray::new(
@@ -323,15 +329,13 @@ impl BatchContext {
                 nulls.and_then(|mut nulls| nulls.finish()),
             )) as ArrayRef
         });
-        self.assemble(first, rows, cache_ids, sample_ids, payload)
+        self.assemble(first, draws, payload)
     }
 
     /// The one-row batch of a record lent from its shard (None: it cannot be
     /// lent now, and is copied).
-    fn build_lent(&self, first: u64, row: u32) -> Result<Option<RecordBatch>> {
-        let (ci, sid) = self.population.record(row as usize);
-        let cache = self.caches.get(ci);
-        let Some(lent) = cache.lend(sid)? else {
+    fn build_lent(&self, first: u64, draw: &Draw) -> Result<Option<RecordBatch>> {
+        let Some(lent) = self.caches.get(draw.cache).lend(draw.sample_id)? else {
             return Ok(None);
         };
         let len = lent.len() as i64;
@@ -340,35 +344,34 @@ impl BatchContext {
             lent,
             None,
         );
-        let batch = self.assemble(
-            first,
-            &[row],
-            vec![cache.cache_id()],
-            vec![sid],
-            Some(Arc::new(payload)),
-        )?;
+        let batch = self.assemble(first, std::slice::from_ref(draw), Some(Arc::new(payload)))?;
         Ok(Some(batch))
     }
 
-    /// The batch of window indices `first..first + rows.len()` from its
-    /// records' ids and (when the stream carries it) payload column.
+    /// The batch of window indices `first..first + draws.len()` from its
+    /// draws' ids and (when the stream carries it) payload column.
     fn assemble(
         &self,
         first: u64,
-        rows: &[u32],
-        cache_ids: Vec<u64>,
-        sample_ids: Vec<u64>,
+        draws: &[Draw],
         payload: Option<ArrayRef>,
     ) -> Result<RecordBatch> {
-        let positions = self.window.positions(first, rows.len() as u64);
+        let positions = self.window.positions(first, draws.len() as u64);
+        let cache_ids = draws
+            .iter()
+            .map(|draw| self.caches.get(draw.cache).cache_id());
+        let sample_ids = draws.iter().map(|draw| draw.sample_id);
         let mut arrays: Vec<ArrayRef> = vec![
             Arc::new(UInt64Array::from_iter_values(positions)),
-            Arc::new(UInt64Array::from(cache_ids)),
-            Arc::new(UInt64Array::from(sample_ids)),
+            Arc::new(UInt64Array::from_iter_values(cache_ids)),
+            Arc::new(UInt64Array::from_iter_values(sample_ids)),
         ];
         arrays.extend(payload);
-        for column in &self.columns {
-            arrays.push(column.take(rows)?);
+        if !self.columns.is_empty() {
+            let rows: Vec<u32> = draws.iter().map(|draw| draw.row).collect();
+            for column in &self.columns {
+                arrays.push(column.take(&rows)?);
+            }
         }
         Ok(RecordBatch::try_new(self.schema.clone(), arrays)?)
     }

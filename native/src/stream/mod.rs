@@ -22,7 +22,7 @@ use arrow_array::{RecordBatch, RecordBatchReader};
 use arrow_schema::{ArrowError, SchemaRef};
 
 pub use crate::workers::WorkerPool;
-pub use batch::{BaseColumn, BatchContext, BASE_COLUMNS};
+pub use batch::{BaseColumn, BatchContext, Draw, BASE_COLUMNS};
 pub use draws::draw_rows;
 
 use crate::error::Result;
@@ -80,10 +80,10 @@ pub struct EpochStream {
     options: StreamOptions,
     /// Next window index to plan.
     planned: u64,
-    /// The rows of window indices `planned..planned + drawn.len()` and their
-    /// payload lengths, drawn in bulk ahead of planning (one batched draw
-    /// instead of one per position).
-    drawn: VecDeque<(u32, u64)>,
+    /// The draws of window indices `planned..planned + drawn.len()` (rows,
+    /// their records and index entries), drawn in bulk ahead of planning (one
+    /// batched draw instead of one per position).
+    drawn: VecDeque<Draw>,
     /// Rows and payload bytes of each in-flight batch, in sequence order.
     in_flight: VecDeque<(usize, u64)>,
     in_flight_rows: usize,
@@ -192,26 +192,27 @@ impl EpochStream {
                     && self.in_flight_bytes < self.options.max_in_flight_bytes.get()))
         {
             let first = self.planned;
-            let mut rows: Vec<u32> = Vec::new();
+            let mut rows: Vec<Draw> = Vec::new();
             let mut bytes = 0u64;
             while rows.len() < self.options.batch_rows.get() && self.planned < count {
                 if self.drawn.is_empty() {
                     let n = (count - self.planned).min(self.options.batch_rows.get() as u64);
                     let mut fresh = Vec::with_capacity(n as usize);
                     self.ctx.rows_at(self.planned, n, &mut fresh);
-                    let mut lens = Vec::with_capacity(fresh.len());
-                    self.ctx.payload_lens(&fresh, &mut lens);
-                    self.drawn.extend(fresh.into_iter().zip(lens));
+                    let mut draws = Vec::with_capacity(fresh.len());
+                    self.ctx.locate(&fresh, &mut draws);
+                    self.drawn.extend(draws);
                 }
-                let Some(&(row, len)) = self.drawn.front() else {
+                let Some(&draw) = self.drawn.front() else {
                     break; // unreachable: `n` >= 1 rows were just drawn
                 };
+                let len = draw.payload_len();
                 let alone = self.ctx.alone(len);
                 if !rows.is_empty() && (alone || bytes + len > self.options.max_batch_bytes.get()) {
                     break;
                 }
                 self.drawn.pop_front();
-                rows.push(row);
+                rows.push(draw);
                 bytes += len;
                 self.planned += 1;
                 if alone {
