@@ -300,9 +300,9 @@ impl Cache {
         &self.metadata
     }
 
-    /// Record `sample_id`'s index entry (None past the end, or damaged). A random read of
-    /// the index: a stream's planner reads it once, for the record's length, and
-    /// hands it to the batch builder (`read_entry_into`).
+    /// Record `sample_id`'s index entry (None past the end, or damaged). A
+    /// random read of the index: a stream's planner reads it once, for the
+    /// record's length, and hands it to the batch builder (`read_entry_into`).
     #[inline]
     pub fn entry(&self, sample_id: u64) -> Option<IndexEntry> {
         self.index.get(sample_id as usize)?.entry()

@@ -306,7 +306,9 @@ impl BatchContext {
             for (i, draw) in draws.iter().enumerate() {
                 // A random record's bytes: asked for a few records before
                 // they are read.
-                draws.get(i + PREFETCH_DISTANCE).map(prefetch);
+                if let Some(ahead) = draws.get(i + PREFETCH_DISTANCE) {
+                    prefetch(ahead);
+                }
                 let cache = self.caches.get(draw.cache);
                 let in_place = match nulls.as_mut() {
                     Some(nulls) => {

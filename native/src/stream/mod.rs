@@ -192,35 +192,36 @@ impl EpochStream {
                     && self.in_flight_bytes < self.options.max_in_flight_bytes.get()))
         {
             let first = self.planned;
-            let mut rows: Vec<Draw> = Vec::new();
+            let mut draws: Vec<Draw> = Vec::new();
             let mut bytes = 0u64;
-            while rows.len() < self.options.batch_rows.get() && self.planned < count {
+            while draws.len() < self.options.batch_rows.get() && self.planned < count {
                 if self.drawn.is_empty() {
                     let n = (count - self.planned).min(self.options.batch_rows.get() as u64);
                     let mut fresh = Vec::with_capacity(n as usize);
                     self.ctx.rows_at(self.planned, n, &mut fresh);
-                    let mut draws = Vec::with_capacity(fresh.len());
-                    self.ctx.locate(&fresh, &mut draws);
-                    self.drawn.extend(draws);
+                    let mut located = Vec::with_capacity(fresh.len());
+                    self.ctx.locate(&fresh, &mut located);
+                    self.drawn.extend(located);
                 }
                 let Some(&draw) = self.drawn.front() else {
                     break; // unreachable: `n` >= 1 rows were just drawn
                 };
                 let len = draw.payload_len();
                 let alone = self.ctx.alone(len);
-                if !rows.is_empty() && (alone || bytes + len > self.options.max_batch_bytes.get()) {
+                if !draws.is_empty() && (alone || bytes + len > self.options.max_batch_bytes.get())
+                {
                     break;
                 }
                 self.drawn.pop_front();
-                rows.push(draw);
+                draws.push(draw);
                 bytes += len;
                 self.planned += 1;
                 if alone {
                     break;
                 }
             }
-            self.in_flight.push_back((rows.len(), bytes));
-            self.in_flight_rows += rows.len();
+            self.in_flight.push_back((draws.len(), bytes));
+            self.in_flight_rows += draws.len();
             self.in_flight_bytes += bytes;
             let ctx = self.ctx.clone();
             let ticket = self.built.ticket();
@@ -230,7 +231,7 @@ impl EpochStream {
                 if cancelled.load(Ordering::Relaxed) {
                     return;
                 }
-                ticket.send(ctx.build(first, &rows, bytes));
+                ticket.send(ctx.build(first, &draws, bytes));
             }))?;
         }
         Ok(())
