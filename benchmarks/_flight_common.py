@@ -66,7 +66,7 @@ class Scale:
 
     name: str
     total_bytes: int  # payload bytes of one epoch per throughput measurement (all clients)
-    repeats: int  # best of N per throughput measurement
+    repeats: int  # epochs per throughput measurement
 
     QUICK: ClassVar[tuple[int, ...]] = ()  # the fields after ``name`` with --quick
     FULL: ClassVar[tuple[int, ...]] = ()  # ... and without

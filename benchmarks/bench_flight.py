@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -546,6 +546,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="KIB,...",
         help="payload sizes in KiB, comma-separated (default 1,64,1024)",
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        metavar="N",
+        help="epochs per (size, clients, server), the median shown (default 5; 3 with --quick)",
+    )
     parser.add_argument("--raw-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sampling-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
@@ -561,6 +567,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sampling_server:
         return common.serve_sampling(args.count, args.payload_size, args.workdir)
     scale = Scale.of(args.quick)
+    if args.repeats is not None:
+        if args.repeats < 1:
+            raise SystemExit(f"--repeats must be at least 1, not {args.repeats}")
+        scale = replace(scale, repeats=args.repeats)
     # SIGTERM unwinds like Ctrl-C, so that the `finally` below stops servers and clients.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.perf_counter()

@@ -16,6 +16,7 @@ pub mod sampling;
 pub mod service;
 pub mod storage;
 pub mod stream;
+mod uncached;
 mod warmup;
 pub mod workers;
 

@@ -339,7 +339,7 @@ impl Cache {
         let stored = self.stored_bytes(entry)?;
         self.check_record(sample_id, entry, stored)?;
         if entry.stored_as_is() {
-            out.extend_from_slice(stored);
+            crate::uncached::extend(out, stored);
             return Ok(());
         }
         self.decode_record(sample_id, entry, stored, out)
