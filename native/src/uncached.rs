@@ -10,6 +10,7 @@
 
 /// Below this a record's lines are few: the copy's cost is its misses on the
 /// source, and an ordinary copy is as fast.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MIN_UNCACHED: usize = 4096;
 
 /// Append `src` to `out`, the bulk of it with non-temporal stores (x86-64;

@@ -19,7 +19,7 @@ use super::slab::Slab;
 use super::LARGE_RECORD;
 use super::{hex64, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
-use crate::prefetch::prefetch_line;
+use crate::prefetch::{prefetch_line, prefetch_line_to_l2};
 use crate::remote::Bucket;
 
 /// One open cache. Its shards, index and metadata are memory-mapped (their
@@ -361,12 +361,18 @@ impl Cache {
         else {
             return;
         };
-        // The first lines of a record: the hardware prefetcher follows a
-        // sequential read once it has started, but not across a 4 KiB page;
-        // so also the first line of each later page, which starts that
-        // page's TLB walk (in a VM, a walk of the host's tables too) early.
-        for line in stored.chunks(CACHE_LINE).take(PREFETCH_LINES) {
-            prefetch_line(line.as_ptr());
+        // The first lines of a record (the first into L1, where the hash
+        // starts; the others into L2, which tracks more misses at once): the
+        // hardware prefetcher follows a sequential read once it has started,
+        // but not across a 4 KiB page; so also the first line of each later
+        // page, which starts that page's TLB walk (in a VM, a walk of the
+        // host's tables too) early.
+        let mut lines = stored.chunks(CACHE_LINE).take(PREFETCH_LINES);
+        if let Some(first) = lines.next() {
+            prefetch_line(first.as_ptr());
+        }
+        for line in lines {
+            prefetch_line_to_l2(line.as_ptr());
         }
         for page in stored.chunks(PAGE).skip(1) {
             prefetch_line(page.as_ptr());
