@@ -4,19 +4,11 @@
 //! the records of a batch are known in advance, so a batch builder asks for
 //! them a few records ahead (`stream::batch`).
 
-/// A prefetch hint for the cache line at `ptr` (a no-op off x86-64). It never
-/// faults, whatever `ptr` is.
+/// A prefetch hint for the cache line at `ptr` into L1 (a no-op off x86-64).
+/// It never faults, whatever `ptr` is.
 #[inline(always)]
 pub fn prefetch_line<T>(ptr: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch does not access memory architecturally and never
-    // faults, for any address.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(ptr.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = ptr;
+    prefetch::<false, T>(ptr);
 }
 
 /// A prefetch hint for the cache line at `ptr` into the core's L2 cache, not
@@ -27,11 +19,21 @@ pub fn prefetch_line<T>(ptr: *const T) {
 /// few cycles from L1 when it is read.
 #[inline(always)]
 pub fn prefetch_line_to_l2<T>(ptr: *const T) {
+    prefetch::<true, T>(ptr);
+}
+
+#[inline(always)]
+fn prefetch<const TO_L2: bool, T>(ptr: *const T) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: as `prefetch_line`.
+    // SAFETY: a prefetch does not access memory architecturally and never
+    // faults, for any address.
     unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        _mm_prefetch::<_MM_HINT_T1>(ptr.cast());
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        if TO_L2 {
+            _mm_prefetch::<_MM_HINT_T1>(ptr.cast());
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(ptr.cast());
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = ptr;
