@@ -557,7 +557,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--payload-size", type=int, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -568,8 +571,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return common.serve_sampling(args.count, args.payload_size, args.workdir)
     scale = Scale.of(args.quick)
     if args.repeats is not None:
-        if args.repeats < 1:
-            raise SystemExit(f"--repeats must be at least 1, not {args.repeats}")
         scale = replace(scale, repeats=args.repeats)
     # SIGTERM unwinds like Ctrl-C, so that the `finally` below stops servers and clients.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
