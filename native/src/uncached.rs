@@ -41,6 +41,16 @@ pub fn extend(out: &mut Vec<u8>, src: &[u8]) {
 /// lines may become visible to another core after a later ordinary store (the
 /// one that hands the batch over).
 ///
+/// Backwards when the destination sits a little past the source in the low
+/// 12 bits of their addresses (as glibc's `memmove` does, for the same
+/// reason): a load whose page offset matches a store still in flight waits
+/// for that store (4K aliasing), and a non-temporal store stays in flight
+/// long. Copied forwards, a destination 16 bytes past its source (a record at
+/// a page boundary into a buffer from `malloc`) ran 4x slower
+/// (`examples/read_floor.rs`, 64 KiB records: 0.62 CPU s/GiB against 0.17 at
+/// a page offset of 2 KiB); backwards, each load comes before the store it
+/// matches.
+///
 /// # Safety
 /// `dst` is valid for `src.len()` bytes of writes and does not overlap `src`.
 #[cfg(target_arch = "x86_64")]
@@ -55,11 +65,14 @@ unsafe fn copy_streaming(src: &[u8], dst: *mut u8) {
     // unaligned ones.
     unsafe {
         std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
-        let mut at = head;
-        while at < body_end {
+        let copy_lane = |at: usize| {
             let lane = _mm_loadu_si128(src.as_ptr().add(at).cast());
             _mm_stream_si128(dst.add(at).cast(), lane);
-            at += LANE;
+        };
+        if aliases_forwards(src.as_ptr(), dst) {
+            (head..body_end).step_by(LANE).rev().for_each(copy_lane);
+        } else {
+            (head..body_end).step_by(LANE).for_each(copy_lane);
         }
         std::ptr::copy_nonoverlapping(
             src.as_ptr().add(body_end),
@@ -68,6 +81,20 @@ unsafe fn copy_streaming(src: &[u8], dst: *mut u8) {
         );
         _mm_sfence();
     }
+}
+
+/// Whether a forward copy from `src` to `dst` would load bytes whose page
+/// offset matches a store it has just made: the destination is less than
+/// `ALIASING_REACH` bytes past the source, modulo a page (the offsets a
+/// core's 4K-aliasing check compares).
+#[cfg(target_arch = "x86_64")]
+fn aliases_forwards(src: *const u8, dst: *const u8) -> bool {
+    /// About as far as a core's stores in flight reach (glibc's `memmove`
+    /// takes 256 bytes too).
+    const ALIASING_REACH: usize = 256;
+    const PAGE_OFFSET: usize = 4096 - 1;
+    let distance = (dst as usize).wrapping_sub(src as usize) & PAGE_OFFSET;
+    distance != 0 && distance < ALIASING_REACH
 }
 
 #[cfg(test)]
@@ -103,5 +130,36 @@ mod tests {
                 assert_eq!(&out[prefix..], src, "len {len}, prefix {prefix}");
             }
         }
+    }
+
+    /// Forwards and backwards alike, whatever the destination's page offset
+    /// from its source (each side of the aliasing reach, and at it): the
+    /// bytes arrive whole and in order.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn copies_exactly_in_either_direction() {
+        let len = 2 * MIN_UNCACHED + 40;
+        let source: Vec<u8> = (0..(4096 + len) as u32)
+            .map(|i| (i * 131 % 253) as u8)
+            .collect();
+        let mut backwards = 0;
+        for distance in [0usize, 1, 16, 48, 64, 200, 255, 256, 300, 2048, 4095] {
+            let mut out: Vec<u8> = Vec::with_capacity(len + 64);
+            out.push(9);
+            let dst = out.as_ptr() as usize + out.len();
+            let from = dst.wrapping_sub(source.as_ptr() as usize + distance) % 4096;
+            let src = &source[from..from + len];
+            let aliases = aliases_forwards(src.as_ptr(), dst as *const u8);
+            assert_eq!(
+                aliases,
+                distance != 0 && distance < 256,
+                "distance {distance}"
+            );
+            backwards += usize::from(aliases);
+            extend(&mut out, src);
+            assert_eq!(out[0], 9);
+            assert_eq!(&out[1..], src, "distance {distance}");
+        }
+        assert_eq!(backwards, 6);
     }
 }
