@@ -105,8 +105,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &id in &ids {
         out.clear();
         cache.read_into(id, &mut out)?;
+        if cache.stored_as_is(id).is_none() {
+            return Err(format!(
+                "record {id} is stored encoded: the floor is measured on records \
+                 stored as they are (a cache written without a codec)"
+            )
+            .into());
+        }
     }
-    let stored = |id: u64| cache.stored_as_is(id).unwrap_or(&[]);
+    let stored = |id: u64| cache.stored_as_is(id).unwrap_or_default();
     let mut figures: [Vec<f64>; 3] = Default::default();
     let mut reused: Vec<u8> = Vec::with_capacity(BATCH_BYTES);
     for _ in 0..repeats {
