@@ -238,6 +238,64 @@ fn read_in_place(path: &Path) -> dataset_rt_native::Result<Vec<(bool, Vec<u8>)>>
     Ok(out)
 }
 
+/// Each batch of a shuffled epoch over `path`: its rows as (position, sample
+/// id, payload).
+fn read_batches(path: &Path, options: StreamOptions) -> Vec<Vec<(u64, u64, Vec<u8>)>> {
+    let set = Arc::new(CacheSet::open(&[path.to_path_buf()], false).unwrap());
+    let population = Arc::new(Population::full(&set).unwrap());
+    let order = StreamOrder::new(ShuffleMode::Weighted, 5);
+    let window = StreamWindow::new(3, 40, 1).unwrap();
+    let ctx = BatchContext::new(set, population, order, window, &[]).unwrap();
+    let pool = Arc::new(WorkerPool::new(NonZeroUsize::new(2).unwrap()).unwrap());
+    let stream = EpochStream::new(ctx, pool, options).unwrap();
+    stream
+        .map(|batch| {
+            let batch = batch.unwrap();
+            let positions = batch.column(0).as_primitive::<UInt64Type>();
+            let ids = batch.column(2).as_primitive::<UInt64Type>();
+            let payloads = batch.column(3).as_binary::<i64>();
+            (0..batch.num_rows())
+                .map(|r| (positions.value(r), ids.value(r), payloads.value(r).to_vec()))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_lending_stream_hands_out_the_copying_streams_rows_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = write_mixed_cache(dir.path(), "plain", Codec::None);
+    let cache = Cache::open(&plain, true).unwrap();
+    // Lent records are built on the consumer's thread as they are handed out,
+    // the others by the workers: the order must not change, whatever the
+    // budget of batches in flight.
+    for prefetch_rows in [1, 4, 64] {
+        let options = StreamOptions {
+            batch_rows: NonZeroUsize::new(3).unwrap(),
+            prefetch_rows: NonZeroUsize::new(prefetch_rows).unwrap(),
+            ..StreamOptions::default()
+        };
+        let copied = read_batches(&plain, options);
+        let lent = read_batches(
+            &plain,
+            StreamOptions {
+                lend_large: true,
+                ..options
+            },
+        );
+        let rows = |batches: &[Vec<(u64, u64, Vec<u8>)>]| batches.concat();
+        assert_eq!(rows(&lent), rows(&copied));
+        assert_eq!(rows(&lent).len(), 40);
+        for batch in &lent {
+            let large = batch.iter().any(|(_, id, _)| id % 2 == 1);
+            assert!(!large || batch.len() == 1, "a large record shares a batch");
+            for (_, id, payload) in batch {
+                assert_eq!(payload, &cache.read(*id).unwrap());
+            }
+        }
+    }
+}
+
 #[test]
 fn large_records_are_verified_in_place_for_the_per_sample_reader() {
     let dir = tempfile::tempdir().unwrap();

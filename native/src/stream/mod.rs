@@ -7,6 +7,12 @@
 //! most `prefetch_rows` rows (and at least one batch per worker) are in flight, so memory
 //! depends on the prefetch settings, never on the epoch length, and a slow
 //! consumer stops the workers (backpressure).
+//!
+//! A record lent from its shard (`StreamOptions::lend_large`) is the exception:
+//! the consumer's thread verifies it as it hands the batch out. Its only work
+//! is that read, and it leaves the record in this core's cache just before the
+//! consumer (gRPC) copies it into a socket, instead of in a worker's a while
+//! before; and no worker is woken for it (`benchmarks/README.md`).
 
 mod batch;
 mod buffers;
@@ -25,7 +31,7 @@ pub use crate::workers::WorkerPool;
 pub use batch::{BaseColumn, BatchContext, Draw, BASE_COLUMNS};
 pub use draws::draw_rows;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::run::fence::Fence;
 use crate::workers::ReorderBuffer;
 use served::Tally;
@@ -84,8 +90,8 @@ pub struct EpochStream {
     /// their records and index entries), drawn in bulk ahead of planning (one
     /// batched draw instead of one per position).
     drawn: VecDeque<Draw>,
-    /// Rows and payload bytes of each in-flight batch, in sequence order.
-    in_flight: VecDeque<(usize, u64)>,
+    /// Each planned batch not yet handed out, in sequence order.
+    in_flight: VecDeque<Planned>,
     in_flight_rows: usize,
     in_flight_bytes: u64,
     /// Batches built by the workers, handed back in position order.
@@ -96,6 +102,15 @@ pub struct EpochStream {
     tally: Option<Tally>,
     /// A training run's stream ends before a batch once the run is resumed elsewhere.
     fence: Option<Fence>,
+}
+
+/// A planned batch: its rows and payload bytes, and who builds it.
+struct Planned {
+    rows: usize,
+    bytes: u64,
+    /// The window index and draw of a record to lend, built on the consumer's
+    /// thread as it is handed out; None: a worker builds the batch.
+    lent: Option<(u64, Draw)>,
 }
 
 impl EpochStream {
@@ -153,15 +168,20 @@ impl EpochStream {
             self.finished = true;
             return Some(Err(e));
         }
-        let Some(result) = self.built.next_blocking(None) else {
+        let Some(planned) = self.in_flight.pop_front() else {
             self.finished = true;
             return None;
         };
-        // A job that panicked arrives as an internal error in its place.
-        let result = result.and_then(|built| built);
-        let (rows, bytes) = self.in_flight.pop_front().unwrap_or((0, 0));
-        self.in_flight_rows -= rows;
-        self.in_flight_bytes -= bytes;
+        self.in_flight_rows -= planned.rows;
+        self.in_flight_bytes -= planned.bytes;
+        let result = match planned.lent {
+            Some((first, draw)) => self.ctx.build(first, &[draw], planned.bytes),
+            // A job that panicked arrives as an internal error in its place.
+            None => match self.built.next_blocking(None) {
+                Some(result) => result.and_then(|built| built),
+                None => Err(Error::internal("a planned batch was never submitted")),
+            },
+        };
         let fenced = self.fence.as_ref().map_or(Ok(()), Fence::check);
         let result = fenced.and(result);
         if result.is_err() {
@@ -220,9 +240,17 @@ impl EpochStream {
                     break;
                 }
             }
-            self.in_flight.push_back((draws.len(), bytes));
             self.in_flight_rows += draws.len();
             self.in_flight_bytes += bytes;
+            let rows = draws.len();
+            let lent = match draws[..] {
+                [draw] if self.ctx.alone(bytes) => Some((first, draw)),
+                _ => None,
+            };
+            self.in_flight.push_back(Planned { rows, bytes, lent });
+            if lent.is_some() {
+                continue; // built as it is handed out
+            }
             let ctx = self.ctx.clone();
             let ticket = self.built.ticket();
             let cancelled = self.cancelled.clone();
