@@ -21,7 +21,9 @@
 //! Records of `LARGE_RECORD` (256 KiB) or more are read by `pread` in
 //! `read_into`, and the Flight server lends them instead of copying them: for
 //! them, `hash` is the floor that counts. `benchmarks/README.md` ("The floor
-//! of a verified read") has figures.
+//! of a verified read") has figures; `benchmarks/bench_flight.py --floor` runs
+//! this program on each of its caches and sets the result beside the raw
+//! server's CPU (its output lines are what that script reads).
 
 // A record read once already cannot fail but by a bug: a panic is the report.
 #![allow(clippy::expect_used)]
