@@ -240,9 +240,9 @@ impl EpochStream {
                     break;
                 }
             }
-            self.in_flight_rows += draws.len();
-            self.in_flight_bytes += bytes;
             let rows = draws.len();
+            self.in_flight_rows += rows;
+            self.in_flight_bytes += bytes;
             let lent = match draws[..] {
                 [draw] if self.ctx.alone(bytes) => Some((first, draw)),
                 _ => None,
