@@ -83,11 +83,6 @@ TARGET_RATIO = 0.85
 TARGET_RSS = 512 * MIB
 
 
-# Records of this size and more are lent from their shards, not copied
-# (`storage::LARGE_RECORD` in the engine): their floor is the hash alone.
-LENT_FROM = 256 * KIB
-
-
 def target_cpu_ratio(size: int) -> float:
     """Issue 23's bound on our server CPU per GiB over the raw server's."""
     return 2.0 if size < 64 * KIB else 1.5
@@ -275,10 +270,10 @@ def build_read_floor() -> Path:
     return Path(json.loads(meta.stdout)["target_directory"]) / "release/examples/read_floor"
 
 
-def read_floor(program: Path, cache: Path, size: int) -> float:
+def read_floor(program: Path, cache: Path) -> float:
     """The least CPU seconds per GiB of a verified read of ``cache``'s records drawn at
-    random (one thread): the hash of records the server lends, else the lesser of a
-    hash plus a plain copy and the engine's own read."""
+    random (one thread), as ``read_floor`` prints it: the hash of records the server
+    lends, else the lesser of a hash plus a plain copy and the engine's own read."""
     done = subprocess.run(
         [str(program), str(cache), str(FLOOR_PASSES)],
         capture_output=True,
@@ -289,20 +284,10 @@ def read_floor(program: Path, cache: Path, size: int) -> float:
         raise common.BenchError(
             f"read_floor exited with code {done.returncode} on {cache}:\n{done.stderr[-2000:]}"
         )
-    figures = {
-        found.group(1): float(found.group(2))
-        for found in re.finditer(
-            r"^\s+(hash \+ copy|hash|read_into)\s+\d+ ns/record\s+([\d.]+) CPU s/GiB",
-            done.stdout,
-            re.MULTILINE,
-        )
-    }
-    try:
-        if size >= LENT_FROM:
-            return figures["hash"]
-        return min(figures["hash + copy"], figures["read_into"])
-    except KeyError as e:
-        raise common.BenchError(f"read_floor printed no {e} line:\n{done.stdout}") from e
+    found = re.search(r"^\s+floor\s+\d+ ns/record\s+([\d.]+) CPU s/GiB", done.stdout, re.MULTILINE)
+    if found is None:
+        raise common.BenchError(f"read_floor printed no floor line:\n{done.stdout}")
+    return float(found.group(1))
 
 
 def measure_size(
@@ -353,7 +338,7 @@ def measure_size(
             out += list(pair.values())
         floor_s_gib = None
         if floor is not None:
-            floor_s_gib = read_floor(floor, cache, size)
+            floor_s_gib = read_floor(floor, cache)
             log(f"  {human_bytes(size)} verified-read floor: {floor_s_gib:.3f} CPU s/GiB")
         return out, write_seconds, floor_s_gib
     finally:
@@ -585,8 +570,8 @@ def print_report(
         print(
             "CPU floor = (raw CPU + the verified read's floor) / raw CPU: "
             "native/examples/read_floor.rs on the same cache, one thread, each record "
-            f"drawn at random and hashed with xxh3 where it is mapped, and below "
-            f"{human_bytes(LENT_FROM)} also copied into a batch buffer (the lesser of a "
+            "drawn at random and hashed with xxh3 where it is mapped, and, below the size "
+            "the server lends from, also copied into a batch buffer (the lesser of a "
             "plain copy and the engine's read). Our server does this and also sends what "
             "the raw server sends, so its CPU ratio cannot go below this line by much (only "
             "where a lent record's send reads it from the cache its hash left it in)."
