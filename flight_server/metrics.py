@@ -29,6 +29,8 @@ from prometheus_client.registry import Collector
 
 #: A dataset's ``served`` entries (`DatasetService.served`), by dataset name.
 Served = Callable[[str], list[dict[str, Any]]]
+#: A dataset's count of activation-log entries skipped as damaged or hostile.
+Skipped = Callable[[str], int]
 
 requests_log = logging.getLogger("flight_server.requests")
 
@@ -99,7 +101,9 @@ _STATUSES: tuple[tuple[type[BaseException], str], ...] = (
 class ServerMetrics:
     """The registry of one server, and the calls that feed it."""
 
-    def __init__(self, served: Served, datasets: Iterable[str]) -> None:
+    def __init__(
+        self, served: Served, datasets: Iterable[str], skipped: Skipped = lambda _: 0
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "datasetrt_requests",
@@ -136,7 +140,7 @@ class ServerMetrics:
         )
         for name in datasets:  # every dataset's series exist from the start (at 0)
             self.streams_open.labels(name)
-        self.registry.register(_ServedCollector(served, list(datasets)))
+        self.registry.register(_ServedCollector(served, list(datasets), skipped))
 
     def exposition(self) -> bytes:
         """The text format of ``/metrics``."""
@@ -216,9 +220,10 @@ class _ServedCollector(Collector):
     (`DatasetService.served`) at scrape time (its bounded population set keeps
     the labels bounded)."""
 
-    def __init__(self, served: Served, datasets: list[str]) -> None:
+    def __init__(self, served: Served, datasets: list[str], skipped: Skipped) -> None:
         self._served = served
         self._datasets = datasets
+        self._skipped = skipped
 
     def collect(self) -> Iterable[Metric]:
         rows = CounterMetricFamily(
@@ -229,13 +234,21 @@ class _ServedCollector(Collector):
             "Arrow bytes sent by do_get (payload, ids and columns)",
             labels=["dataset", "population"],
         )
+        skipped = CounterMetricFamily(
+            "datasetrt_activation_log_skipped",
+            "Activation-log entries skipped as damaged or hostile (the entry before stays "
+            "active; docs/operations.md)",
+            labels=["dataset"],
+        )
         for dataset in self._datasets:
             for served in self._served(dataset):
                 labels = [dataset, served["population"]]
                 rows.add_metric(labels, served["rows"])
                 sent.add_metric(labels, served["bytes"])
+            skipped.add_metric([dataset], self._skipped(dataset))
         yield rows
         yield sent
+        yield skipped
 
 
 def log_request(

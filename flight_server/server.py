@@ -125,7 +125,11 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self.streams = StreamSlots(self.limits)
         hide_tracebacks()
         # Before the middleware: failed logins are counted there, before any handler.
-        self.metrics = ServerMetrics(lambda name: catalog.get(name).served(), catalog.names())
+        self.metrics = ServerMetrics(
+            lambda name: catalog.get(name).served(),
+            catalog.names(),
+            lambda name: catalog.get(name).stats().skipped_log_entries,
+        )
         middleware = (
             {MIDDLEWARE: BearerAuthFactory(tokens, on_refused=self.metrics.refused)}
             if tokens
@@ -401,6 +405,7 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                         "streams": stats.streams,
                         "rows_sent": stats.rows_sent,
                         "bytes_sent": stats.bytes_sent,
+                        "skipped_log_entries": stats.skipped_log_entries,
                         "group_column": self.group_column,
                         "served": service.served(),
                     }

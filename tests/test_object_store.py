@@ -160,6 +160,46 @@ def test_a_replica_serves_what_another_stored_and_activated(
     assert epoch(c).equals(epoch(a))
 
 
+def test_damaged_and_hostile_log_entries_never_take_the_dataset_offline(
+    runtime: drt.DatasetRuntime, cache: Path, bucket: str, s3: Any, tmp_path: Path
+) -> None:
+    """Issue 46, finding 2: before, one garbage entry made every default stream,
+    list and put INTERNAL, an entry naming a missing population NOT_FOUND for all,
+    ``99999999999999999999.json`` stopped a new replica at start, and a 64 MiB
+    entry was echoed into every message."""
+    url = f"s3://{bucket}/state"
+    a = replica(runtime, cache, url, tmp_path / "a")
+    good, _ = a.put(reweighted(a, 2.0), True)
+    [first, *_] = keys(s3, bucket, "active")
+    log = first.rsplit("/", 1)[0]
+    hostile = {
+        f"{log}/{a_seq:020}.json": body
+        for a_seq, body in [
+            (3, b"{not json"),
+            (4, b" " * (64 << 20)),
+            (5, b'{"population": "' + b"b" * 32 + b'", "epoch_len": 3}'),
+            (6, b'{"population": "../x", "epoch_len": 3}'),
+            (10**6, b"{}"),
+        ]
+    }
+    hostile[f"{log}/99999999999999999999.json"] = b"{}"
+    for key, body in hostile.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    # A replica starting now, and the one running, keep the last good entry.
+    b = replica(runtime, cache, url, tmp_path / "b")
+    for service in (a, b):
+        time.sleep(POLL_SECONDS + 0.1)
+        assert service.active().population == good
+        assert len(epoch(service)) == N
+        assert good in service.populations()
+        assert service.stats().skipped_log_entries == 5  # past the gap: not read
+    # A put still works, appends after the damaged entries and is seen by all.
+    newer, _ = b.put(reweighted(b, 3.0), True)
+    assert any(k.endswith(f"{7:020}.json") for k in keys(s3, bucket, "active"))
+    wait_for_active(a, newer)
+    assert epoch(a).equals(epoch(b))
+
+
 def test_set_epoch_len_and_claims_go_through_the_bucket(
     runtime: drt.DatasetRuntime, cache: Path, bucket: str, tmp_path: Path
 ) -> None:

@@ -7,6 +7,7 @@
 pub mod dataset;
 pub mod error;
 pub mod hash;
+mod os;
 pub mod population;
 mod prefetch;
 pub mod remote;

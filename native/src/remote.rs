@@ -106,11 +106,17 @@ impl Bucket {
                 retry_timeout: Duration::from_secs(30),
             });
         for (key, default) in [("connect_timeout", "5s"), ("timeout", "60s")] {
-            let set = std::env::var_os(format!("AWS_{}", key.to_ascii_uppercase())).is_some();
-            if !set {
-                if let Ok(key) = key.parse::<ClientConfigKey>() {
-                    builder = builder.with_config(AmazonS3ConfigKey::Client(key), default);
+            let set = std::env::var(format!("AWS_{}", key.to_ascii_uppercase())).ok();
+            let value = match set.as_deref().map(str::trim) {
+                None => default.to_string(),
+                // A bare number is seconds (object_store wants a unit).
+                Some(n) if n.parse::<f64>().is_ok_and(|n| n.is_finite() && n >= 0.0) => {
+                    format!("{n}s")
                 }
+                Some(other) => other.to_string(),
+            };
+            if let Ok(key) = key.parse::<ClientConfigKey>() {
+                builder = builder.with_config(AmazonS3ConfigKey::Client(key), value);
             }
         }
         let store = builder.build().map_err(|e| {
@@ -199,6 +205,13 @@ impl Bucket {
         }
     }
 
+    /// Write `name` holding `bytes`, replacing what it held.
+    pub fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        block_on(self.store.put(&self.key(name), PutPayload::from(bytes)))?
+            .map(|_| ())
+            .map_err(|e| self.error("write", name, e))
+    }
+
     /// Create `name` holding `bytes` unless it exists (`If-None-Match: *`):
     /// true when this call created it. Of concurrent creates exactly one
     /// returns true. A create whose answer was lost and that the client
@@ -223,6 +236,15 @@ impl Bucket {
     /// The names below `prefix` (relative to this bucket's prefix) that sort
     /// after `after`, in order.
     pub fn list(&self, prefix: &str, after: Option<&str>) -> Result<Vec<String>> {
+        Ok(self
+            .list_sized(prefix, after)?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect())
+    }
+
+    /// `list` with each object's size in bytes.
+    pub fn list_sized(&self, prefix: &str, after: Option<&str>) -> Result<Vec<(String, u64)>> {
         let prefix_key = self.key(prefix);
         let listed = block_on(async {
             let stream = match after {
@@ -245,7 +267,7 @@ impl Bucket {
                     .and_then(|n| n.strip_prefix('/'))
                     .unwrap_or(full)
             };
-            names.push(name.to_string());
+            names.push((name.to_string(), meta.size));
         }
         names.sort();
         Ok(names)

@@ -65,6 +65,8 @@ pub struct ServiceStats {
     pub streams: u64,
     pub rows: u64,
     pub bytes: u64,
+    /// Activation-log entries skipped as damaged or hostile.
+    pub skipped_log_entries: u64,
 }
 
 impl DatasetService {
@@ -500,6 +502,7 @@ impl DatasetService {
             streams: self.streams.load(Ordering::Relaxed),
             rows,
             bytes,
+            skipped_log_entries: self.store.skipped_log_entries(),
         }
     }
 

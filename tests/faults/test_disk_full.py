@@ -15,8 +15,10 @@ mount: root, as in CI; the test is skipped, saying why, elsewhere).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +28,7 @@ import pyarrow.flight as flight
 import pytest
 from flight.conftest import (
     active,
+    build_caches,
     make_catalog,
     message,
     metadata,
@@ -158,3 +161,70 @@ def test_keep_populations_must_not_be_negative(
     assert code != 0
     assert "--keep-populations must be >= 0" in err, err
     assert not (tmp_path / "data").exists(), "refused before anything is written"
+
+
+# -- a nearly full volume (issue 46, finding 1) --------------------------------------
+
+# Runs in a child process: before the fix a put whose rows file fitted its keys but
+# not its alias table died of SIGBUS (exit -7) writing through a mapping, taking the
+# whole server with it. The child sweeps the space left free one page at a time.
+NEARLY_FULL_PUTS = """
+import json, os, sys
+import polars as pl
+import dataset_rt as drt
+from dataset_rt import service as engine
+
+caches, state, pages = json.loads(sys.argv[1])
+runtime = drt.DatasetRuntime(num_workers=2)
+service = engine.DatasetService(runtime.native, "toy", caches, state)
+before = service.active().population
+table = pl.DataFrame(service.metadata()).with_columns(pl.col("weight") * 3.0)
+filler = os.path.join(state, "filler")
+outcomes = []
+for free in range(pages):
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    for size in (1 << 16, 1 << 12):
+        for _ in range(100_000):
+            try:
+                os.write(fd, b"\\0" * size)
+            except OSError:
+                break
+    os.ftruncate(fd, max(0, os.fstat(fd).st_size - free * 4096))
+    os.close(fd)
+    try:
+        population, _ = service.put(table, False)
+    except drt.StorageFullError as error:
+        outcomes.append(["full", str(error)])
+    else:
+        outcomes.append(["stored", population])
+        service.remove_population(population)
+    os.unlink(filler)
+    leftovers = sorted(p for p in os.listdir(state) if ".tmp-" in p)
+    assert not leftovers, (free, leftovers)
+    assert service.active().population == before
+print(json.dumps(outcomes))
+"""
+
+
+def test_a_put_on_a_nearly_full_volume_never_kills_the_process(
+    tmp_path: Path, runtime: drt.DatasetRuntime
+) -> None:
+    caches = [str(p) for p in build_caches(tmp_path, runtime)]
+    with small_volume(tmp_path / "state") as state:
+        pages = 40  # far more than a put of `toy` needs (its files are a few pages)
+        child = subprocess.run(
+            [sys.executable, "-c", NEARLY_FULL_PUTS, json.dumps([caches, str(state), pages])],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert child.returncode == 0, (
+            f"the process putting on a nearly full volume ended with {child.returncode}"
+            f" (-7 is SIGBUS): {child.stderr[-2000:]}"
+        )
+        outcomes = json.loads(child.stdout.strip().splitlines()[-1])
+        kinds = [kind for kind, _ in outcomes]
+        assert "full" in kinds, kinds
+        assert kinds[-1] == "stored", "with room enough the put is stored"
+        assert all("volume is full" in text for kind, text in outcomes if kind == "full")

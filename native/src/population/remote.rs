@@ -17,13 +17,32 @@
 //! acknowledged is the active one, as with the file store's lock. Readers
 //! list the log after the newest key they know (one small request) at most
 //! once per `POLL`, so a replica sees another's activation within `POLL`.
+//!
+//! A bucket is shared, so the log must survive what anyone with write access
+//! leaves in it (issue 46, finding 2). The log is the chain of entries with
+//! consecutive sequence numbers from the first one a replica reads; each
+//! entry takes its place in the chain whether or not it is valid, and an
+//! entry that is larger than `MAX_ENTRY_BYTES`, does not parse, or names an
+//! invalid population or one that is not in the store is skipped: the entry
+//! before it stays active, and the next activation appends after it. A name
+//! that is not a 20-digit sequence number, or an entry past a gap in the
+//! chain (far in the future), is not part of the log. Each skip is reported
+//! once per process (stderr) and counted (`skipped`).
+//!
+//! A replica does not list the log from its beginning: after every append,
+//! the writer records the entry's sequence number in `CHECKPOINT` (a plain
+//! overwrite; a hint like Delta's `_last_checkpoint`), and a starting replica
+//! reads the entry it names and lists after it. A missing, damaged or stale
+//! checkpoint only costs a longer listing.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::store::ActivePopulation;
+use super::store::{check_population_id, ActivePopulation};
 use crate::error::{Error, Result};
 use crate::remote::Bucket;
 
@@ -32,6 +51,12 @@ pub const POLL: Duration = Duration::from_secs(1);
 /// Rounds an activation retries when others keep winning before it gives up.
 const MAX_ROUNDS: usize = 200;
 const LOG: &str = "active";
+/// Where the newest appended sequence number is recorded (outside `LOG`).
+const CHECKPOINT: &str = "active-checkpoint.json";
+/// An entry is about 80 bytes; anything much larger is not one.
+pub const MAX_ENTRY_BYTES: u64 = 4096;
+/// Skipped names remembered for warning once (bounded; past it, no warnings).
+const WARNED: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,18 +65,28 @@ struct LogEntry {
     epoch_len: u64,
 }
 
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Checkpoint {
+    seq: u64,
+}
+
 /// The newest log entry this process has seen.
 #[derive(Debug, Default)]
 struct Head {
+    /// The sequence number of the newest entry in the chain (0: none yet).
     seq: u64,
     active: Option<ActivePopulation>,
     read_at: Option<Instant>,
+    /// Names already reported as skipped.
+    warned: HashSet<String>,
 }
 
 #[derive(Debug)]
 pub struct RemoteLog {
     bucket: Bucket,
     head: Mutex<Head>,
+    skipped: AtomicU64,
 }
 
 fn entry_name(seq: u64) -> String {
@@ -63,11 +98,17 @@ impl RemoteLog {
         RemoteLog {
             bucket,
             head: Mutex::new(Head::default()),
+            skipped: AtomicU64::new(0),
         }
     }
 
     pub fn bucket(&self) -> &Bucket {
         &self.bucket
+    }
+
+    /// Entries this process skipped as damaged, hostile or out of place.
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Head>> {
@@ -90,33 +131,116 @@ impl RemoteLog {
     /// Read the entries after the newest one known; returns the newest.
     fn refresh(&self) -> Result<(u64, Option<ActivePopulation>)> {
         let mut head = self.lock()?;
+        if head.read_at.is_none() && head.seq == 0 {
+            self.start_at_checkpoint(&mut head)?;
+        }
         let after = (head.seq > 0).then(|| entry_name(head.seq));
-        let names = self.bucket.list(LOG, after.as_deref())?;
-        if let Some(newest) = names.last() {
-            let seq = parse_seq(newest).ok_or_else(|| {
-                self.corrupt(newest, "its name is not a 20-digit sequence number")
-            })?;
-            let bytes = self
-                .bucket
-                .get(newest)?
-                .ok_or_else(|| self.corrupt(newest, "it was listed but cannot be read"))?;
-            let entry: LogEntry = serde_json::from_slice(&bytes)
-                .map_err(|e| self.corrupt(newest, &format!("not an activation: {e}")))?;
+        for (name, size) in self.bucket.list_sized(LOG, after.as_deref())? {
+            let Some(seq) = parse_seq(&name) else {
+                self.skip(
+                    &mut head,
+                    &name,
+                    "its name is not a 20-digit sequence number",
+                );
+                continue;
+            };
+            if head.seq > 0 && seq != head.seq + 1 {
+                // Past a gap: not (yet) part of the log, and nor is what follows.
+                let missing = head.seq + 1;
+                let reason = format!("it lies past a gap in the log (entry {missing} is missing)");
+                self.skip(&mut head, &name, &reason);
+                break;
+            }
             head.seq = seq;
-            head.active = Some(ActivePopulation {
-                population: entry.population,
-                epoch_len: entry.epoch_len,
-            });
+            match self.read_entry(&name, size)? {
+                Ok(active) => head.active = Some(active),
+                Err(reason) => self.skip(&mut head, &name, &reason),
+            }
         }
         head.read_at = Some(Instant::now());
         Ok((head.seq, head.active.clone()))
     }
 
-    fn corrupt(&self, name: &str, detail: &str) -> Error {
-        Error::corrupt(
-            format!("{}/{name}", self.bucket.url()),
-            format!("{detail}; the activation log holds only entries written by DatasetRT"),
-        )
+    /// Begin at the checkpoint's entry, if it names a valid one.
+    fn start_at_checkpoint(&self, head: &mut Head) -> Result<()> {
+        let Some(bytes) = self.bucket.get(CHECKPOINT)? else {
+            return Ok(());
+        };
+        let Ok(Checkpoint { seq }) = serde_json::from_slice::<Checkpoint>(&bytes) else {
+            return Ok(());
+        };
+        let name = entry_name(seq);
+        let Some((_, size)) = self
+            .bucket
+            .list_sized(LOG, (seq > 1).then(|| entry_name(seq - 1)).as_deref())?
+            .into_iter()
+            .next()
+            .filter(|(listed, _)| *listed == name)
+        else {
+            return Ok(()); // stale or hostile: list the whole log
+        };
+        if let Ok(active) = self.read_entry(&name, size)? {
+            head.seq = seq;
+            head.active = Some(active);
+        }
+        Ok(())
+    }
+
+    /// The activation an entry holds, or why it is skipped. The store being
+    /// unreachable is an error (not a reason to skip).
+    fn read_entry(
+        &self,
+        name: &str,
+        size: u64,
+    ) -> Result<std::result::Result<ActivePopulation, String>> {
+        if size > MAX_ENTRY_BYTES {
+            return Ok(Err(format!(
+                "it holds {size} bytes; an entry is at most {MAX_ENTRY_BYTES}"
+            )));
+        }
+        let Some(bytes) = self.bucket.get(name)? else {
+            return Ok(Err("it was listed but cannot be read".into()));
+        };
+        if bytes.len() as u64 > MAX_ENTRY_BYTES {
+            return Ok(Err(format!("it holds more than {MAX_ENTRY_BYTES} bytes")));
+        }
+        let entry: LogEntry = match serde_json::from_slice(&bytes) {
+            Ok(entry) => entry,
+            Err(e) => return Ok(Err(format!("it is not an activation ({e})"))),
+        };
+        if check_population_id(&entry.population).is_err() {
+            return Ok(Err("it names no valid population id".into()));
+        }
+        if entry.epoch_len == 0 {
+            return Ok(Err("its epoch length is 0".into()));
+        }
+        if !self
+            .bucket
+            .exists(&format!("populations/{}.arrow", entry.population))?
+        {
+            return Ok(Err(format!(
+                "it names population {}, which is not in the store",
+                entry.population
+            )));
+        }
+        Ok(Ok(ActivePopulation {
+            population: entry.population,
+            epoch_len: entry.epoch_len,
+        }))
+    }
+
+    /// Count a skipped entry and report it once.
+    fn skip(&self, head: &mut Head, name: &str, reason: &str) {
+        if head.warned.len() >= WARNED || !head.warned.insert(name.to_string()) {
+            return;
+        }
+        self.skipped.fetch_add(1, Ordering::Relaxed);
+        let shown: String = name.chars().take(120).collect();
+        eprintln!(
+            "warning: skipped {shown} in the activation log of {}: {reason}; the entry \
+             before it stays active (remove the object to silence this)",
+            self.bucket.url()
+        );
     }
 
     /// Change the active pointer by `change` (given the newest entry; None
@@ -139,6 +263,7 @@ impl RemoteLog {
             let bytes = serde_json::to_vec(&entry)
                 .map_err(|e| Error::internal(format!("cannot encode an activation: {e}")))?;
             if self.bucket.create(&entry_name(seq + 1), bytes)? {
+                self.record_checkpoint(seq + 1);
                 let mut head = self.lock()?;
                 if head.seq <= seq + 1 {
                     head.seq = seq + 1;
@@ -153,6 +278,15 @@ impl RemoteLog {
              row; retry it",
             self.bucket.url()
         )))
+    }
+}
+
+impl RemoteLog {
+    /// Best effort: a lost or older checkpoint only makes a start list more.
+    fn record_checkpoint(&self, seq: u64) {
+        if let Ok(bytes) = serde_json::to_vec(&Checkpoint { seq }) {
+            let _ = self.bucket.put(CHECKPOINT, bytes);
+        }
     }
 }
 
@@ -172,16 +306,35 @@ mod tests {
     use object_store::local::LocalFileSystem;
     use std::sync::Arc;
 
-    fn log(dir: &std::path::Path) -> RemoteLog {
+    fn bucket(dir: &std::path::Path) -> Bucket {
         let store = LocalFileSystem::new_with_prefix(dir).expect("store");
-        RemoteLog::new(Bucket::from_store(Arc::new(store), "file://test"))
+        Bucket::from_store(Arc::new(store), "file://test")
     }
 
-    fn active(id: char, epoch_len: u64) -> ActivePopulation {
+    fn log(dir: &std::path::Path) -> RemoteLog {
+        RemoteLog::new(bucket(dir))
+    }
+
+    /// The activation of population `id` (32 times the character), which is
+    /// stored in the bucket at `dir`.
+    fn active(dir: &std::path::Path, id: char, epoch_len: u64) -> ActivePopulation {
+        let population = id.to_string().repeat(32);
+        bucket(dir)
+            .put(
+                &format!("populations/{population}.arrow"),
+                b"table".to_vec(),
+            )
+            .expect("store a population");
         ActivePopulation {
-            population: id.to_string().repeat(32),
+            population,
             epoch_len,
         }
+    }
+
+    fn entry(dir: &std::path::Path, name: &str, bytes: &[u8]) {
+        bucket(dir)
+            .put(name, bytes.to_vec())
+            .expect("write an entry");
     }
 
     #[test]
@@ -189,9 +342,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (a, b) = (log(dir.path()), log(dir.path()));
         assert_eq!(a.active().expect("read"), None);
-        a.update(|_| Ok(Some(active('a', 1)))).expect("update");
+        let first = active(dir.path(), 'a', 1);
+        a.update(|_| Ok(Some(first.clone()))).expect("update");
         // `b` has never read: it lists at once.
-        assert_eq!(b.active().expect("read"), Some(active('a', 1)));
+        assert_eq!(b.active().expect("read"), Some(first));
         // A change computed from the newest entry, through the other handle.
         b.update(|current| {
             let mut next = current.cloned().expect("an active one");
@@ -200,10 +354,11 @@ mod tests {
         })
         .expect("update");
         let (seq, newest) = a.refresh().expect("refresh");
-        assert_eq!((seq, newest), (2, Some(active('a', 9))));
+        assert_eq!((seq, newest), (2, Some(active(dir.path(), 'a', 9))));
         // No change: nothing appended.
         a.update(|_| Ok(None)).expect("update");
         assert_eq!(a.refresh().expect("refresh").0, 2);
+        assert_eq!(a.skipped() + b.skipped(), 0);
     }
 
     #[test]
@@ -214,10 +369,13 @@ mod tests {
             .into_iter()
             .map(|id| {
                 let path = path.clone();
+                let next = active(&path, id, 1);
                 std::thread::spawn(move || {
                     let log = log(&path);
-                    for n in 0..5 {
-                        log.update(|_| Ok(Some(active(id, n)))).expect("update");
+                    for n in 1..=5 {
+                        let mut next = next.clone();
+                        next.epoch_len = n;
+                        log.update(|_| Ok(Some(next.clone()))).expect("update");
                     }
                 })
             })
@@ -230,11 +388,68 @@ mod tests {
     }
 
     #[test]
-    fn a_damaged_entry_is_refused() {
+    fn damaged_and_hostile_entries_are_skipped_and_puts_append_after_them() {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::create_dir_all(dir.path().join(LOG)).expect("mkdir");
-        std::fs::write(dir.path().join(entry_name(1)), b"{not json").expect("write");
-        let message = log(dir.path()).active().expect_err("damaged").to_string();
-        assert!(message.contains("not an activation"), "{message}");
+        let first = active(dir.path(), 'a', 5);
+        log(dir.path())
+            .update(|_| Ok(Some(first.clone())))
+            .expect("update");
+        let big = vec![b' '; 64 << 10];
+        let hostile: [(&str, &[u8]); 6] = [
+            (&entry_name(2), b"{not json"),
+            (&entry_name(3), &big),
+            (
+                &entry_name(4),
+                br#"{"population": "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", "epoch_len": 3}"#,
+            ),
+            (
+                &entry_name(5),
+                br#"{"population": "../../etc", "epoch_len": 3}"#,
+            ),
+            ("active/99999999999999999999.json", br#"{}"#),
+            (&entry_name(1000), br#"{"population": "x", "epoch_len": 3}"#),
+        ];
+        for (name, bytes) in hostile {
+            entry(dir.path(), name, bytes);
+        }
+        let reader = log(dir.path());
+        assert_eq!(reader.active().expect("read"), Some(first.clone()));
+        assert_eq!(
+            reader.skipped(),
+            5,
+            "each skipped entry counted once (the name past the gap is not read)"
+        );
+        assert_eq!(reader.refresh().expect("again").1, Some(first));
+        assert_eq!(reader.skipped(), 5, "and reported once");
+        // A put appends after the damaged entries and becomes active.
+        let next = active(dir.path(), 'c', 7);
+        reader.update(|_| Ok(Some(next.clone()))).expect("update");
+        assert_eq!(reader.refresh().expect("refresh").0, 6);
+        assert_eq!(log(dir.path()).active().expect("fresh"), Some(next));
+    }
+
+    #[test]
+    fn a_start_begins_at_the_checkpoint_and_survives_a_bad_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let writer = log(dir.path());
+        for n in 1..=4 {
+            let next = active(dir.path(), 'a', n);
+            writer.update(|_| Ok(Some(next.clone()))).expect("update");
+        }
+        // Entry 2 gone: a reader listing from the start would stop at 1; the
+        // checkpoint (4) takes a new reader past the gap.
+        std::fs::remove_file(dir.path().join(entry_name(2))).expect("remove");
+        assert_eq!(
+            log(dir.path()).refresh().expect("refresh"),
+            (4, Some(active(dir.path(), 'a', 4)))
+        );
+        // A checkpoint that names no entry, or is not one: the whole log.
+        for bad in [&br#"{"seq": 999}"#[..], b"garbage"] {
+            entry(dir.path(), CHECKPOINT, bad);
+            assert_eq!(
+                log(dir.path()).refresh().expect("refresh"),
+                (1, Some(active(dir.path(), 'a', 1)))
+            );
+        }
     }
 }

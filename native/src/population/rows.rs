@@ -363,7 +363,9 @@ impl RowsWriter {
             .into_inner()
             .map_err(|e| Error::io("cannot write", weights_file.path(), e.into_error()))?;
         let (alias_at, len) = Header::layout(rows);
-        out.set_len(len).at("cannot write", &path)?;
+        // Allocated, not sized: a store into a hole on a full volume would
+        // be a SIGBUS (`os::allocate`).
+        crate::os::allocate(&out, len).at("cannot write", &path)?;
         let n = rows as usize;
         {
             // SAFETY: scratch files of ours, locked, that nobody else maps.
@@ -372,8 +374,7 @@ impl RowsWriter {
                 unsafe { memmap2::Mmap::map(&weights_in) }.at("cannot map", weights_file.path())?;
             let stack_file = ScratchFile::create(path.parent().unwrap_or(Path::new(".")))?;
             let stack_handle = stack_file.file()?;
-            stack_handle
-                .set_len(rows.max(1) * 4)
+            crate::os::allocate(&stack_handle, rows.max(1) * 4)
                 .at("cannot write", stack_file.path())?;
             // SAFETY: as above.
             let mut stack_map =

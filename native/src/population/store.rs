@@ -498,6 +498,11 @@ impl PopulationStore {
         Ok(Some(next))
     }
 
+    /// Entries of the activation log skipped as damaged or hostile.
+    pub fn skipped_log_entries(&self) -> u64 {
+        self.remote.as_ref().map_or(0, RemoteLog::skipped)
+    }
+
     /// The runs resumed against this store (`run::fence`).
     pub fn runs(&self) -> Runs {
         match &self.remote {

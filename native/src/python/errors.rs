@@ -176,7 +176,7 @@ pub fn to_pyerr(error: Error) -> PyErr {
 
 fn build(py: Python<'_>, error: &Error) -> PyResult<PyErr> {
     let class = types(py)?[class_of(error)].bind(py);
-    let instance = class.call1((error.to_string(),))?;
+    let instance = class.call1((bounded(error.to_string()),))?;
     if let Error::InvalidPopulation {
         column,
         first_row,
@@ -191,6 +191,24 @@ fn build(py: Python<'_>, error: &Error) -> PyResult<PyErr> {
     Ok(PyErr::from_value(instance))
 }
 
+/// Messages longer than this are cut: a message may quote what it refuses
+/// (a value, a name, an object's contents), and no client, log line or
+/// readiness body should carry megabytes of it.
+const MAX_MESSAGE_BYTES: usize = 4096;
+
+fn bounded(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let cut = (0..=MAX_MESSAGE_BYTES)
+            .rev()
+            .find(|&i| message.is_char_boundary(i))
+            .unwrap_or(0);
+        let dropped = message.len() - cut;
+        message.truncate(cut);
+        message.push_str(&format!("… ({dropped} more bytes)"));
+    }
+    message
+}
+
 /// An engine error kept as its class and message, to be raised later (an error
 /// met inside an Arrow C stream leaves it as text; this keeps its class).
 #[derive(Debug, Clone)]
@@ -203,7 +221,7 @@ impl Failure {
     pub fn of(error: &Error) -> Self {
         Failure {
             class: class_of(error),
-            message: error.to_string(),
+            message: bounded(error.to_string()),
         }
     }
 

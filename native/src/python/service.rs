@@ -50,6 +50,8 @@ pub struct ServiceStats {
     streams: u64,
     rows_sent: u64,
     bytes_sent: u64,
+    /// Activation-log entries skipped as damaged or hostile (object storage).
+    skipped_log_entries: u64,
 }
 
 /// The core's one rule for a name used as a path part (`kind` is what the
@@ -345,6 +347,7 @@ impl DatasetService {
             streams: stats.streams,
             rows_sent: stats.rows,
             bytes_sent: stats.bytes,
+            skipped_log_entries: stats.skipped_log_entries,
         }
     }
 }
