@@ -1,7 +1,7 @@
-"""The attacks of issue 22 (an adversarial probe of the server), for ``bench_attacks.py``.
+"""The attacks of issue 22 (an adversarial probe of the server), for ``attack_replay.py``.
 
-    uv run python benchmarks/bench_attacks.py --only issue22      # 1-3 minutes
-    PYTHONPATH=/old/tree python benchmarks/bench_attacks.py --only issue22
+    uv run --no-sync python tools/attack_replay.py --only issue22      # 1-3 minutes
+    PYTHONPATH=/old/tree .venv/bin/python tools/attack_replay.py --only issue22
 
 The tree attacked is the one ``flight_server`` imports from in this process
 (``PYTHONPATH`` picks an older one). Its servers and CLIs run as ``python -P``
@@ -70,7 +70,7 @@ PROBES = re.compile(r"metrics and probes at (http://\S+)")
 
 
 class Rows(Protocol):
-    """Where an attack reports (bench_attacks.Report)."""
+    """Where an attack reports (attack_replay.Report)."""
 
     notes: list[str]
 

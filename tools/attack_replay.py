@@ -1,8 +1,19 @@
-"""The audits' attacks, replayed against a real server: what it does now.
+"""The audits' attacks, replayed against a real server: what it does now, with
+its memory, threads and CPU beside the figures the audits measured before.
 
-    uv run python benchmarks/bench_attacks.py                 # about 3-4 minutes on 2 cores
-    uv run python benchmarks/bench_attacks.py --quick         # fewer streams and put rows
-    uv run python benchmarks/bench_attacks.py --only issue22  # the probe's attacks only
+Not a test and not a benchmark: it prints a report and asserts nothing. The
+pass/fail checks of every attack replayed here are tests: issue 10's in
+``tests/flight/test_limits.py`` (endpoints, idle streams, the idle deadline,
+shutdown, puts) and ``tests/test_hardening.py`` (a duplicate column), issue
+22's in ``tests/faults/`` (one file per finding). Run it to see what an attack
+costs the server, or to replay the attacks against an older tree::
+
+    uv run --no-sync python tools/attack_replay.py                 # about 3-4 minutes on 2 cores
+    uv run --no-sync python tools/attack_replay.py --quick         # fewer streams and put rows
+    uv run --no-sync python tools/attack_replay.py --only issue22  # the probe's attacks only
+    PYTHONPATH=/old/tree .venv/bin/python tools/attack_replay.py --only issue22
+
+It uses the benchmarks' server and cache helpers (``benchmarks/_flight_common.py``).
 
 Each attack runs against a fresh ``python -m flight_server`` subprocess on
 loopback serving one cache of ``--records`` records of 1 KiB (written to a
@@ -61,6 +72,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The shared helpers (a server subprocess, a cache of payloads, the table) live
+# with the benchmarks; neither folder is a package, so both go on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _fault_attacks
@@ -788,7 +802,7 @@ def main() -> int:
     load = os.getloadavg()
     began = time.monotonic()
     attackers: Attackers | None = None
-    with tempfile.TemporaryDirectory(prefix="bench-attacks-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="attack-replay-") as tmp:
         root = Path(tmp)
         cache, wrote = write_cache(DATASET, records, RECORD_BYTES, root / "caches")
         log(f"wrote {records} records of 1 KiB in {wrote:.1f} s")
