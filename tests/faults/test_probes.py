@@ -1,4 +1,5 @@
-"""Issue 22, finding 5 (and the free-space floor of finding 4): the HTTP side port.
+"""Issue 22, finding 5 (and the free-space floor of finding 4): the HTTP side port;
+issue 46, finding 4: probes that a slow drip cannot starve.
 
 ``--metrics-port`` was ``http.server.ThreadingHTTPServer``: one thread per
 connection, held for as long as the client stayed silent; a listen queue of 5,
@@ -6,7 +7,10 @@ so parallel scrapers lost SYNs; bound to ``--host``'s address, and ``/metrics``
 open even when the Flight port needs a token. It is now waitress with bounds
 (`flight_server.probes`), on loopback unless told otherwise, ``/metrics``
 behind the token file's tokens, and ``/readyz`` not ready below a free-space
-floor of the state volume.
+floor of the state volume. Issue 46 found the port could still be starved: 1,100
+connections each sending one header byte every 3 s (never quiet for the 5 s
+channel timeout, more than the 1,024 the server holds) left 0 of 32 ``/healthz``
+probes answered in 40 s.
 
 Every loop here is bounded in count and every wait in time (``WAIT``, or what
 the server's own bounds promise, with a margin).
@@ -14,6 +18,10 @@ the server's own bounds promise, with a margin).
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import resource
+import select
 import socket
 import threading
 import time
@@ -22,6 +30,9 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -43,6 +54,21 @@ SCRAPERS = 64
 SCRAPES_EACH = 20
 NO_FLOOR = "0"
 HUGE_FLOOR = str(2**62)  # more bytes than any volume has free
+#: The slow drip of issue 46: more connections than the server holds, each sending
+#: the next byte of a request head that never ends more often than the channel
+#: timeout, and reopened as soon as the server closes it.
+DRIPPERS = 1_100
+DRIP_SECONDS = 3.0
+DRIP_HEAD = b"GET /healthz HTTP/1.1\r\nHost: probes\r\nX-Drip: "  # then b"d" forever
+DRIP_REOPENS = 2_000_000  # a bound on the attacker's loop, far above what it reaches
+DRIP_SETTLE = 1.5  # for the server to take what it will of the drip before probing
+#: The probes under the drip: kubelet's default ``timeoutSeconds`` is 1.
+PROBES = 32
+PROBE_SECONDS = 1.0
+PROBE_EVERY = 0.25  # one probe starts this often, so 32 span a few header deadlines
+#: File descriptors the drip test needs in this process (the server's connections
+#: and the probes) and in the attacker's (its connections), with room to spare.
+DESCRIPTORS = 4096
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +151,7 @@ def test_silent_connections_hold_no_thread_and_are_closed(side_port: ProbeServer
         ]
         time.sleep(0.5)  # let the server accept what it will
         assert threading.active_count() - threads < 8, "a thread per silent connection"
-        # Queued behind the silent ones past the limit, answered once the first are closed.
+        # Past the limit the longest-silent ones make room for it.
         assert get(side_port.url + "/healthz", timeout=2 * REAP_SECONDS) == (200, "ok\n")
         # The ones accepted late are closed one timeout later.
         deadline = time.monotonic() + 2 * REAP_SECONDS
@@ -178,6 +204,181 @@ def test_parallel_scrapers_all_succeed(side_port: ProbeServer) -> None:
     after = listen_queue_overflows()
     if before is not None and after is not None:
         assert after == before, f"{after - before} connections overflowed a listen queue"
+
+
+# -- a slow drip (issue 46, finding 4) -------------------------------------------------
+
+
+def drip_byte(index: int) -> bytes:
+    """Byte ``index`` of a request head that never ends."""
+    return DRIP_HEAD[index : index + 1] or b"d"
+
+
+def test_a_dripping_request_head_is_closed_though_never_quiet(side_port: ProbeServer) -> None:
+    """A byte of the head every half second never trips the channel timeout; the
+    header deadline closes the connection all the same."""
+    with socket.create_connection(("127.0.0.1", side_port.port), timeout=WAIT) as slow:
+        seconds = probes.HEADER_SECONDS + REAP_SECONDS
+        deadline = time.monotonic() + seconds
+        for byte in range(int(seconds / 0.5) + 1):
+            try:
+                slow.sendall(drip_byte(byte))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if closed_by_server(slow, min(deadline, time.monotonic() + 0.5)):
+                break
+        else:
+            pytest.fail(f"a dripping request head still open {seconds} s after its accept")
+
+
+def slow_drip(
+    address: tuple[str, int],
+    count: int,
+    seconds: float,
+    opened: Event,
+    stop: Event,
+    report: Connection,
+) -> None:
+    """The attacker, in a process of its own as it would be: ``count`` connections
+    to ``address``, each sending the next byte of a head that never ends every
+    ``DRIP_SECONDS``, and each reopened as soon as the server closes it (it sends
+    the drip nothing else, so any readable event is a close). Sends ``report`` how
+    many it reopened; stops at ``stop``, after ``seconds``, or ``DRIP_REOPENS``."""
+    end = time.monotonic() + seconds
+    poller = select.poll()
+    connections: dict[int, tuple[socket.socket, list[int]]] = {}  # fd: (socket, [sent])
+    reopened = 0
+
+    def connect() -> None:
+        connection = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        connection.setblocking(False)
+        connection.connect_ex(address)  # completes in the background
+        connections[connection.fileno()] = (connection, [0])
+        poller.register(connection, select.POLLIN)
+
+    try:
+        for _ in range(count):
+            connect()
+        opened.set()
+        next_drip = time.monotonic()
+        while not stop.is_set() and reopened < DRIP_REOPENS:
+            now = time.monotonic()
+            if now >= end:
+                break
+            if now >= next_drip:
+                for connection, sent in connections.values():
+                    # Not connected yet, or closed: the poll below says which.
+                    with contextlib.suppress(OSError):
+                        sent[0] += connection.send(drip_byte(sent[0]))
+                next_drip = now + DRIP_SECONDS
+            wait = min(next_drip, end) - now
+            for fd, _ in poller.poll(max(1, int(wait * 1000))):
+                connection, _ = connections.pop(fd)
+                poller.unregister(fd)
+                connection.close()
+                connect()
+                reopened += 1
+    finally:
+        for connection, _ in connections.values():
+            connection.close()
+        report.send(reopened)
+        report.close()
+
+
+@pytest.fixture
+def descriptors() -> Iterator[None]:
+    """Room for ``DESCRIPTORS`` open files here (and in the processes started here)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < DESCRIPTORS:
+        if hard != resource.RLIM_INFINITY and hard < DESCRIPTORS:
+            pytest.skip(f"needs {DESCRIPTORS} open files, and the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (DESCRIPTORS, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@dataclass
+class Drip:
+    """What the attacker of ``slow_drip_on`` did: whether it was still dripping
+    when told to stop, and how many connections it reopened (once it stopped)."""
+
+    stopped_early: bool = False
+    reopened: int | None = None
+
+
+@contextmanager
+def slow_drip_on(address: tuple[str, int], seconds: float) -> Iterator[Drip]:
+    """``DRIPPERS`` dripping connections to ``address`` from another process, open
+    on entry, stopped on exit."""
+    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+    opened, stop = context.Event(), context.Event()
+    report, sender = context.Pipe(duplex=False)
+    attacker = context.Process(
+        target=slow_drip,
+        args=(address, DRIPPERS, seconds, opened, stop, sender),
+        name="slow-drip",
+        daemon=True,
+    )
+    drip = Drip()
+    attacker.start()
+    sender.close()
+    try:
+        assert opened.wait(WAIT), "the attacker did not open its connections"
+        yield drip
+    finally:
+        drip.stopped_early = report.poll(0)
+        stop.set()
+        if report.poll(WAIT):
+            with contextlib.suppress(EOFError):
+                drip.reopened = report.recv()
+        attacker.join(WAIT)
+        if attacker.is_alive():
+            attacker.kill()
+            attacker.join(WAIT)
+        report.close()
+
+
+def timed_probe(url: str) -> tuple[int | str, float]:
+    """(status or error, seconds) of one probe as kubelet sends it: a fresh
+    connection and ``PROBE_SECONDS`` to answer."""
+    start = time.monotonic()
+    try:
+        status, _ = get(url, timeout=PROBE_SECONDS)
+    except OSError as error:  # a timeout, a refused or reset connection
+        return type(error).__name__, time.monotonic() - start
+    return status, time.monotonic() - start
+
+
+@pytest.mark.usefixtures("descriptors")
+def test_probes_answer_within_a_second_under_a_slow_drip(side_port: ProbeServer) -> None:
+    """1,100 connections, each dripping a header byte every 3 s and reopened
+    whenever closed: every ``/healthz`` and ``/readyz`` (32, one started every
+    quarter second) answers 200 within 1 s. The attacker has the prober's own
+    address, 127.0.0.1, as the kubelet and a pod on its node may: the defence
+    must not rest on telling them apart by address."""
+    seconds = DRIP_SETTLE + PROBES * PROBE_EVERY + 2 * PROBE_SECONDS + WAIT
+    with slow_drip_on(("127.0.0.1", side_port.port), seconds) as drip:
+        time.sleep(DRIP_SETTLE)
+        paths = ["/healthz", "/readyz"] * (PROBES // 2)
+        with ThreadPoolExecutor(PROBES) as pool:
+            pending = []
+            for path in paths:
+                pending.append(pool.submit(timed_probe, side_port.url + path))
+                time.sleep(PROBE_EVERY)
+            answers = [future.result() for future in pending]
+    assert not drip.stopped_early, "the attacker stopped before the probes ended"
+    late = [
+        (path, status, round(seconds, 3))
+        for path, (status, seconds) in zip(paths, answers, strict=True)
+        if status != 200 or seconds > PROBE_SECONDS
+    ]
+    slowest = max(seconds for _, seconds in answers)
+    assert not late, (
+        f"{PROBES - len(late)} of {PROBES} probes answered 200 within {PROBE_SECONDS} s "
+        f"(slowest {slowest:.3f} s; the drip reopened {drip.reopened} connections): {late[:8]}"
+    )
 
 
 # -- where it listens ----------------------------------------------------------------
@@ -246,6 +447,20 @@ def test_bad_side_port_options_are_refused_naming_them(
     )
     with pytest.raises(ValueError, match=problem):
         cli.build_server(args)
+
+
+def test_a_long_reason_not_to_be_ready_is_cut() -> None:
+    """``/readyz`` stays a small answer whatever an error message holds."""
+    reason = "a cache under /data/" + "x" * 100_000 + " is gone"
+    server = ProbeServer("127.0.0.1", 0, lambda: b"", lambda: reason)
+    try:
+        status, text = get(server.url + "/readyz")
+    finally:
+        server.close()
+    assert status == 503
+    assert text.startswith("not ready: a cache under /data/xxx"), text[:80]
+    assert text.endswith("...\n"), text[-80:]
+    assert len(text) == len("not ready: ") + probes.REASON_CHARS + len("\n")
 
 
 def test_min_free_bytes_is_an_integer() -> None:
