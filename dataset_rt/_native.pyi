@@ -1,6 +1,8 @@
 """Type stub of the Rust extension ``dataset_rt._native`` (see native/src/python/)."""
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal, NamedTuple, Self, final
 
 from typing_extensions import CapsuleType
@@ -494,6 +496,10 @@ class CacheInfo:
     def to_json(self) -> str: ...
 
 def validate_source_name(name: str) -> None: ...
+def local_path(location: str) -> Path | None: ...
+def state_local_dir(
+    state_dir: str | os.PathLike[str], mirror_dir: str | os.PathLike[str] | None = None
+) -> Path: ...
 def check_name(kind: str, name: str) -> None: ...
 def check_source_names(base_dir: str, names: list[str]) -> None: ...
 def write_cache(

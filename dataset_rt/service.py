@@ -20,7 +20,9 @@ from dataset_rt._native import (
     StreamRequest,
     check_cache,
     check_name,
+    local_path,
     parse_ticket,
+    state_local_dir,
     validate_source_name,
 )
 
@@ -35,6 +37,8 @@ __all__ = [
     "StreamRequest",
     "check_cache",
     "check_name",
+    "local_path",
     "parse_ticket",
+    "state_local_dir",
     "validate_source_name",
 ]

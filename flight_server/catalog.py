@@ -21,7 +21,8 @@ class DatasetSpec:
     @classmethod
     def parse(cls, text: str) -> DatasetSpec:
         name, sep, dirs = text.partition("=")
-        paths = tuple(d if d.startswith("s3://") else Path(d) for d in dirs.split(",") if d)
+        # The engine tells a directory from object storage (kept as text).
+        paths = tuple(engine.local_path(d) or d for d in dirs.split(",") if d)
         if not sep or not name or not paths:
             raise ValueError(
                 f"--dataset {text!r} is malformed; expected NAME=CACHE_DIR[,CACHE_DIR...]"
@@ -48,13 +49,11 @@ class Catalog:
         if len(set(names)) != len(names):
             raise ValueError(f"dataset names must be unique, got {names}")
         self.runtime = runtime
-        remote = str(state_dir).startswith("s3://")
-        if remote and mirror_dir is None:
-            raise ValueError(f"a state dir on object storage ({state_dir}) needs a mirror_dir")
         #: The store: a directory, or an s3:// URL.
         self.state_dir = str(state_dir)
-        #: The local directory the server writes: the store, or its mirror.
-        self.local_dir = Path(mirror_dir) if remote and mirror_dir else Path(state_dir)
+        #: The local directory the server writes: the store, or its mirror (the
+        #: engine decides which, and refuses object storage without a mirror).
+        self.local_dir = engine.state_local_dir(self.state_dir, mirror_dir)
         # The server's own paths, named in what clients see instead.
         private = {self.local_dir: "<state>"}
         if mirror_dir is not None and Path(mirror_dir) != self.local_dir:

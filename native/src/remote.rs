@@ -59,14 +59,22 @@ fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
     Ok(runtime()?.block_on(future))
 }
 
-/// A prefix of a bucket: `s3://bucket/prefix`.
+/// A prefix of an object store: `s3://bucket/prefix`, or a local directory
+/// seen as one (`Bucket::local`), so that what is shared between replicas is
+/// written and read by one code path whichever backend holds it.
 #[derive(Clone)]
 pub struct Bucket {
     store: Arc<dyn ObjectStore>,
     root: Key,
-    /// The URL it was opened from (no credentials), for messages.
+    /// The URL it was opened from (no credentials), or the directory, for messages.
     url: String,
+    /// How long a reader may trust what it listed (`freshness`).
+    freshness: Duration,
 }
+
+/// How stale a replica's view of a bucket's small mutable state (the active
+/// pointer, a run's generations) may be: one listing per second at most.
+pub const POLL: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for Bucket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -131,16 +139,42 @@ impl Bucket {
             root: Key::parse(prefix.trim_end_matches('/'))
                 .map_err(|e| Error::invalid(format!("{url:?}: the prefix is not valid: {e}")))?,
             url: url.trim_end_matches('/').to_string(),
+            freshness: POLL,
         })
     }
 
-    /// A bucket over any `ObjectStore` (the unit tests use a local directory).
+    /// The directory `dir` (created if needed) as a bucket: objects are its
+    /// files, a create-only put is a hard link of a complete, fsynced file
+    /// (`link(2)` fails if the name exists, atomically, on every POSIX file
+    /// system, NFS included), and every write is fsynced with its directory.
+    /// Listing a directory is cheap and coherent, so readers trust nothing
+    /// they listed before (a freshness of 0).
+    pub fn local(dir: &Path) -> Result<Self> {
+        fs::create_dir_all(dir).at("cannot create", dir)?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
+            .map_err(|e| Error::io("cannot open", dir, std::io::Error::other(e)))?
+            .with_fsync(true);
+        Ok(Bucket {
+            store: Arc::new(store),
+            root: Key::default(),
+            url: dir.display().to_string(),
+            freshness: Duration::ZERO,
+        })
+    }
+
+    /// A bucket over any `ObjectStore` (tests).
     pub fn from_store(store: Arc<dyn ObjectStore>, url: &str) -> Self {
         Bucket {
             store,
             root: Key::default(),
             url: url.to_string(),
+            freshness: POLL,
         }
+    }
+
+    /// How long what was listed here may be trusted before it is listed again.
+    pub fn freshness(&self) -> Duration {
+        self.freshness
     }
 
     /// The prefix `name` below this one (`name` may hold `/`).
@@ -153,6 +187,7 @@ impl Bucket {
             store: self.store.clone(),
             root,
             url: format!("{}/{name}", self.url),
+            freshness: self.freshness,
         }
     }
 
@@ -198,9 +233,14 @@ impl Bucket {
 
     /// Whether the object `name` exists.
     pub fn exists(&self, name: &str) -> Result<bool> {
+        Ok(self.size(name)?.is_some())
+    }
+
+    /// The size of the object `name` in bytes, or None when there is none.
+    pub fn size(&self, name: &str) -> Result<Option<u64>> {
         match block_on(self.store.head(&self.key(name)))? {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.error("look up", name, e)),
         }
     }

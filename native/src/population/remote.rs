@@ -15,8 +15,15 @@
 //! creates it; the others read again and append after it, so every
 //! acknowledged activation has its own place in the log and the last one
 //! acknowledged is the active one, as with the file store's lock. Readers
-//! list the log after the newest key they know (one small request) at most
-//! once per `POLL`, so a replica sees another's activation within `POLL`.
+//! ask for the entry after the newest one they know (one small request) at
+//! most once per `Bucket::freshness` (a second on object storage; every read on a
+//! directory, where a listing is cheap and coherent), so a replica sees
+//! another's activation within that time.
+//!
+//! The same log runs on a local directory (`Bucket::local`), where a
+//! create-only put is `link(2)` of a complete, fsynced file: atomic and
+//! exclusive on any POSIX file system, so replicas sharing a volume (NFS
+//! included) append to it as they would to a bucket.
 //!
 //! A bucket is shared, so the log must survive what anyone with write access
 //! leaves in it (issue 46, finding 2). The log is the chain of entries with
@@ -29,16 +36,18 @@
 //! chain (far in the future), is not part of the log. Each skip is reported
 //! once per process (stderr) and counted (`skipped`).
 //!
-//! A replica does not list the log from its beginning: after every append,
-//! the writer records the entry's sequence number in `CHECKPOINT` (a plain
-//! overwrite; a hint like Delta's `_last_checkpoint`), and a starting replica
-//! reads the entry it names and lists after it. A missing, damaged or stale
-//! checkpoint only costs a longer listing.
+//! A replica lists the log at most once, at its start, and not even then
+//! when it can help it: after every append, the writer records the entry's
+//! sequence number in `CHECKPOINT` (a plain overwrite; a hint like Delta's
+//! `_last_checkpoint`), and a starting replica reads the entry it names. A
+//! missing, damaged or stale checkpoint only costs one listing. From there a
+//! read asks for the next entry by name (`HEAD`), so a read that finds
+//! nothing new costs one small request (or a `stat`) however long the log.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -46,8 +55,6 @@ use super::store::{check_population_id, ActivePopulation};
 use crate::error::{Error, Result};
 use crate::remote::Bucket;
 
-/// How stale a replica's view of the active pointer may be.
-pub const POLL: Duration = Duration::from_secs(1);
 /// Rounds an activation retries when others keep winning before it gives up.
 const MAX_ROUNDS: usize = 200;
 const LOG: &str = "active";
@@ -57,6 +64,8 @@ const CHECKPOINT: &str = "active-checkpoint.json";
 pub const MAX_ENTRY_BYTES: u64 = 4096;
 /// Skipped names remembered for warning once (bounded; past it, no warnings).
 const WARNED: usize = 1024;
+/// Entries one read follows at most (the next read goes on from there).
+const MAX_STEPS: usize = 10_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,16 +103,18 @@ fn entry_name(seq: u64) -> String {
 }
 
 impl RemoteLog {
-    pub fn new(bucket: Bucket) -> Self {
+    /// The log under `bucket`. `legacy` is the active pointer from before
+    /// the log's first entry (a directory store's `active.json`): active
+    /// while the log has no valid entry.
+    pub fn new(bucket: Bucket, legacy: Option<ActivePopulation>) -> Self {
         RemoteLog {
             bucket,
-            head: Mutex::new(Head::default()),
+            head: Mutex::new(Head {
+                active: legacy,
+                ..Head::default()
+            }),
             skipped: AtomicU64::new(0),
         }
-    }
-
-    pub fn bucket(&self) -> &Bucket {
-        &self.bucket
     }
 
     /// Entries this process skipped as damaged, hostile or out of place.
@@ -117,11 +128,12 @@ impl RemoteLog {
             .map_err(|_| Error::internal("the activation log's state was poisoned"))
     }
 
-    /// The active population, at most `POLL` old.
+    /// The active population, at most the bucket's `freshness` old.
     pub fn active(&self) -> Result<Option<ActivePopulation>> {
         {
             let head = self.lock()?;
-            if head.read_at.is_some_and(|at| at.elapsed() < POLL) {
+            let fresh = self.bucket.freshness();
+            if head.read_at.is_some_and(|at| at.elapsed() < fresh) {
                 return Ok(head.active.clone());
             }
         }
@@ -132,26 +144,22 @@ impl RemoteLog {
     fn refresh(&self) -> Result<(u64, Option<ActivePopulation>)> {
         let mut head = self.lock()?;
         if head.read_at.is_none() && head.seq == 0 {
-            self.start_at_checkpoint(&mut head)?;
+            self.find_start(&mut head)?;
         }
-        let after = (head.seq > 0).then(|| entry_name(head.seq));
-        for (name, size) in self.bucket.list_sized(LOG, after.as_deref())? {
-            let Some(seq) = parse_seq(&name) else {
-                self.skip(
-                    &mut head,
-                    &name,
-                    "its name is not a 20-digit sequence number",
-                );
-                continue;
-            };
-            if head.seq > 0 && seq != head.seq + 1 {
-                // Past a gap: not (yet) part of the log, and nor is what follows.
-                let missing = head.seq + 1;
-                let reason = format!("it lies past a gap in the log (entry {missing} is missing)");
-                self.skip(&mut head, &name, &reason);
+        // Along the chain: entry seq + 1 while there is one. A read that
+        // finds nothing new costs one `HEAD` (a `stat` on a directory),
+        // however long the log.
+        for _ in 0..MAX_STEPS {
+            // From an empty log (0) the first entry is 1: writers append
+            // after the newest entry they know.
+            let Some(next) = head.seq.checked_add(1) else {
                 break;
-            }
-            head.seq = seq;
+            };
+            let name = entry_name(next);
+            let Some(size) = self.bucket.size(&name)? else {
+                break;
+            };
+            head.seq = next;
             match self.read_entry(&name, size)? {
                 Ok(active) => head.active = Some(active),
                 Err(reason) => self.skip(&mut head, &name, &reason),
@@ -161,29 +169,65 @@ impl RemoteLog {
         Ok((head.seq, head.active.clone()))
     }
 
-    /// Begin at the checkpoint's entry, if it names a valid one.
-    fn start_at_checkpoint(&self, head: &mut Head) -> Result<()> {
-        let Some(bytes) = self.bucket.get(CHECKPOINT)? else {
+    /// Where a process that has read nothing yet stands: at the entry the
+    /// checkpoint names, if it is a valid one; else at the end of the chain
+    /// that the whole log, listed once, holds, with the newest valid entry
+    /// in it active.
+    fn find_start(&self, head: &mut Head) -> Result<()> {
+        if let Some(seq) = self.checkpoint()? {
+            let name = entry_name(seq);
+            if let Some(size) = self.bucket.size(&name)? {
+                if let Ok(active) = self.read_entry(&name, size)? {
+                    head.seq = seq;
+                    head.active = Some(active);
+                    return Ok(());
+                }
+            }
+        }
+        let mut chain: Vec<(u64, String, u64)> = Vec::new();
+        for (name, size) in self.bucket.list_sized(LOG, None)? {
+            let Some(seq) = parse_seq(&name) else {
+                self.skip(head, &name, "its name is not a 20-digit sequence number");
+                continue;
+            };
+            if let Some(&(last, _, _)) = chain.last() {
+                if seq != last + 1 {
+                    // Past a gap: not (yet) part of the log, nor what follows.
+                    let reason = format!(
+                        "it lies past a gap in the log (entry {} is missing)",
+                        last + 1
+                    );
+                    self.skip(head, &name, &reason);
+                    break;
+                }
+            }
+            chain.push((seq, name, size));
+        }
+        let Some(&(end, _, _)) = chain.last() else {
             return Ok(());
         };
-        let Ok(Checkpoint { seq }) = serde_json::from_slice::<Checkpoint>(&bytes) else {
-            return Ok(());
-        };
-        let name = entry_name(seq);
-        let Some((_, size)) = self
-            .bucket
-            .list_sized(LOG, (seq > 1).then(|| entry_name(seq - 1)).as_deref())?
-            .into_iter()
-            .next()
-            .filter(|(listed, _)| *listed == name)
-        else {
-            return Ok(()); // stale or hostile: list the whole log
-        };
-        if let Ok(active) = self.read_entry(&name, size)? {
-            head.seq = seq;
-            head.active = Some(active);
+        head.seq = end;
+        for (_, name, size) in chain.iter().rev() {
+            match self.read_entry(name, *size)? {
+                Ok(active) => {
+                    head.active = Some(active);
+                    break;
+                }
+                Err(reason) => self.skip(head, name, &reason),
+            }
         }
         Ok(())
+    }
+
+    /// The sequence number the checkpoint records, if it holds one.
+    fn checkpoint(&self) -> Result<Option<u64>> {
+        Ok(self
+            .bucket
+            .get(CHECKPOINT)?
+            .filter(|bytes| bytes.len() as u64 <= MAX_ENTRY_BYTES)
+            .and_then(|bytes| serde_json::from_slice::<Checkpoint>(&bytes).ok())
+            .map(|c| c.seq)
+            .filter(|&seq| seq > 0))
     }
 
     /// The activation an entry holds, or why it is skipped. The store being
@@ -214,10 +258,7 @@ impl RemoteLog {
         if entry.epoch_len == 0 {
             return Ok(Err("its epoch length is 0".into()));
         }
-        if !self
-            .bucket
-            .exists(&format!("populations/{}.arrow", entry.population))?
-        {
+        if !self.bucket.exists(&population_key(&entry.population))? {
             return Ok(Err(format!(
                 "it names population {}, which is not in the store",
                 entry.population
@@ -256,6 +297,14 @@ impl RemoteLog {
             let Some(next) = change(current.as_ref())? else {
                 return Ok(current);
             };
+            // Never an entry that readers would skip (`read_entry`).
+            if !self.bucket.exists(&population_key(&next.population))? {
+                return Err(Error::NotFound(format!(
+                    "population {} is not in the store {}; store it before activating it",
+                    next.population,
+                    self.bucket.url()
+                )));
+            }
             let entry = LogEntry {
                 population: next.population.clone(),
                 epoch_len: next.epoch_len,
@@ -290,6 +339,11 @@ impl RemoteLog {
     }
 }
 
+/// The object whose presence says a population is stored (`store.rs`).
+fn population_key(id: &str) -> String {
+    format!("populations/{id}.arrow")
+}
+
 fn parse_seq(name: &str) -> Option<u64> {
     let digits = name
         .strip_prefix(LOG)?
@@ -312,7 +366,7 @@ mod tests {
     }
 
     fn log(dir: &std::path::Path) -> RemoteLog {
-        RemoteLog::new(bucket(dir))
+        RemoteLog::new(bucket(dir), None)
     }
 
     /// The activation of population `id` (32 times the character), which is
@@ -414,18 +468,31 @@ mod tests {
         }
         let reader = log(dir.path());
         assert_eq!(reader.active().expect("read"), Some(first.clone()));
-        assert_eq!(
-            reader.skipped(),
-            5,
-            "each skipped entry counted once (the name past the gap is not read)"
-        );
+        assert_eq!(reader.skipped(), 4, "each skipped entry counted once");
         assert_eq!(reader.refresh().expect("again").1, Some(first));
-        assert_eq!(reader.skipped(), 5, "and reported once");
+        assert_eq!(reader.skipped(), 4, "and reported once");
         // A put appends after the damaged entries and becomes active.
         let next = active(dir.path(), 'c', 7);
         reader.update(|_| Ok(Some(next.clone()))).expect("update");
         assert_eq!(reader.refresh().expect("refresh").0, 6);
         assert_eq!(log(dir.path()).active().expect("fresh"), Some(next));
+    }
+
+    #[test]
+    fn a_pointer_from_before_the_log_is_active_until_the_first_entry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = active(dir.path(), 'a', 3);
+        let log = RemoteLog::new(bucket(dir.path()), Some(old.clone()));
+        assert_eq!(log.active().expect("read"), Some(old.clone()));
+        log.update(|current| {
+            assert_eq!(current, Some(&old));
+            Ok(Some(ActivePopulation {
+                epoch_len: 4,
+                ..old.clone()
+            }))
+        })
+        .expect("update");
+        assert_eq!(log.refresh().expect("refresh").0, 1, "the first entry");
     }
 
     #[test]

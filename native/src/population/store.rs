@@ -99,10 +99,18 @@ pub fn canonical(table: &RecordBatch) -> Result<RecordBatch> {
 }
 
 pub struct PopulationStore {
-    /// The store, or on object storage this replica's mirror of it.
+    /// Where this process maps population files: the store's directory, or
+    /// this replica's mirror of a bucket.
     dir: PathBuf,
-    /// The bucket prefix that holds the store, when it is on object storage.
-    remote: Option<RemoteLog>,
+    /// The store as objects: the same directory (`Bucket::local`), or the
+    /// bucket prefix. Populations are published here, and the active
+    /// pointer and the runs live here, by one protocol for both.
+    shared: Bucket,
+    log: RemoteLog,
+    /// Whether `lock_activation` excludes every process that writes the
+    /// store (its lock file is in the store, not in a mirror): removal needs
+    /// it, so that no activation of a population being removed is under way.
+    lock_is_shared: bool,
 }
 
 /// A population id: 32 lowercase hex digits.
@@ -129,42 +137,47 @@ pub struct ActivationLock {
 
 impl PopulationStore {
     pub fn open(dir: &Path) -> Result<Self> {
-        let populations = dir.join(POPULATIONS);
-        fs::create_dir_all(&populations).at("cannot create the population store", dir)?;
-        remove_abandoned(dir, is_temp);
-        remove_abandoned(&populations, is_temp);
-        Ok(PopulationStore {
-            dir: dir.to_path_buf(),
-            remote: None,
-        })
+        Self::open_at(dir, Bucket::local(dir)?, true)
     }
 
     /// A store on object storage under `bucket`, mirrored into `mirror`.
     pub fn open_remote(mirror: &Path, bucket: Bucket) -> Result<Self> {
-        let mut store = Self::open(mirror)?;
-        store.remote = Some(RemoteLog::new(bucket));
-        Ok(store)
+        Self::open_at(mirror, bucket, false)
+    }
+
+    fn open_at(dir: &Path, shared: Bucket, lock_is_shared: bool) -> Result<Self> {
+        let populations = dir.join(POPULATIONS);
+        fs::create_dir_all(&populations).at("cannot create the population store", dir)?;
+        remove_abandoned(dir, is_temp);
+        remove_abandoned(&populations, is_temp);
+        Self::assemble(dir, shared, lock_is_shared)
+    }
+
+    fn assemble(dir: &Path, shared: Bucket, lock_is_shared: bool) -> Result<Self> {
+        Ok(PopulationStore {
+            dir: dir.to_path_buf(),
+            log: RemoteLog::new(shared.clone(), legacy_pointer(&shared)?),
+            shared,
+            lock_is_shared,
+        })
     }
 
     /// Where the store lives, for messages: its directory or its URL.
     pub fn location(&self) -> String {
-        match &self.remote {
-            Some(remote) => remote.bucket().url().to_string(),
-            None => self.dir.display().to_string(),
-        }
+        self.shared.url().to_string()
     }
 
     fn refuse_removal(&self) -> Result<()> {
-        match &self.remote {
-            None => Ok(()),
-            Some(remote) => Err(Error::invalid(format!(
-                "populations on object storage ({}) are written once and never removed by \
-                 the server, which cannot exclude an activation of the same population \
-                 on another replica; leave keep_populations at 0 and expire old objects \
-                 under populations/ with a lifecycle rule of the bucket if you must",
-                remote.bucket().url()
-            ))),
+        if self.lock_is_shared {
+            return Ok(());
         }
+        Err(Error::invalid(format!(
+            "populations on object storage ({}) are written once and never removed by \
+             the server, which cannot exclude an activation of the same population \
+             on another replica; leave keep_populations at 0 and expire old objects \
+             under populations/ with a lifecycle rule of the bucket if you must",
+            self.location()
+        )))
     }
 
     /// Open a store that must already exist, creating and removing nothing
@@ -173,10 +186,7 @@ impl PopulationStore {
     pub fn open_existing(dir: &Path) -> Result<Self> {
         let populations = dir.join(POPULATIONS);
         match fs::metadata(&populations) {
-            Ok(meta) if meta.is_dir() => Ok(PopulationStore {
-                dir: dir.to_path_buf(),
-                remote: None,
-            }),
+            Ok(meta) if meta.is_dir() => Self::assemble(dir, Bucket::local(dir)?, true),
             Ok(_) => Err(Error::corrupt(
                 &populations,
                 "not a directory; a population store keeps its populations in a directory",
@@ -216,26 +226,26 @@ impl PopulationStore {
                 .and_then(|f| f.set_modified(std::time::SystemTime::now()));
         }
         written.keep_as(&table, &self.rows_path_of(&id))?;
-        if let Some(remote) = &self.remote {
-            // The rows first: the table's presence publishes both.
-            let bucket = remote.bucket();
-            if !bucket.exists(&remote_table(&id))? {
-                bucket.upload(&self.rows_path_of(&id), &remote_rows(&id))?;
-                bucket.upload(&table, &remote_table(&id))?;
-            }
+        // Published where replicas share it: the rows first, as the table's
+        // presence publishes both. A store in this directory has them now.
+        if !self.shared.exists(&remote_table(&id))? {
+            self.shared
+                .upload(&self.rows_path_of(&id), &remote_rows(&id))?;
+            self.shared.upload(&table, &remote_table(&id))?;
         }
         Ok(id)
     }
 
-    /// Download the population `id` into the mirror (rows, then the table),
-    /// checked against its id before it is used.
-    fn fetch(&self, remote: &RemoteLog, id: &str, caches: &CacheSet) -> Result<()> {
-        let bucket = remote.bucket();
-        if !bucket.exists(&remote_table(id))? {
+    /// Bring the population `id` from where replicas share it into this
+    /// directory (rows, then the table), checked against its id before it
+    /// is used. `NotFound` when the store does not hold it.
+    fn fetch(&self, id: &str, caches: &CacheSet) -> Result<()> {
+        if !self.shared.exists(&remote_table(id))? {
             return Err(self.not_found(id));
         }
-        bucket.download(&remote_rows(id), &self.rows_path_of(id))?;
-        bucket.download(&remote_table(id), &self.path_of(id))?;
+        self.shared
+            .download(&remote_rows(id), &self.rows_path_of(id))?;
+        self.shared.download(&remote_table(id), &self.path_of(id))?;
         if let Err(error) = self.check_table_hash(id, caches) {
             let _ = fs::remove_file(self.path_of(id));
             let _ = fs::remove_file(self.rows_path_of(id));
@@ -251,10 +261,7 @@ impl PopulationStore {
         check_population_id(id)?;
         let table = self.path_of(id);
         if !table.exists() {
-            match &self.remote {
-                Some(remote) => self.fetch(remote, id, caches)?,
-                None => return Err(self.not_found(id)),
-            }
+            self.fetch(id, caches)?;
         }
         let rows = self.rows_path_of(id);
         if !rows.exists() {
@@ -354,11 +361,7 @@ impl PopulationStore {
 
     pub fn contains(&self, id: &str) -> bool {
         check_population_id(id).is_ok()
-            && (self.path_of(id).exists()
-                || self
-                    .remote
-                    .as_ref()
-                    .is_some_and(|r| r.bucket().exists(&remote_table(id)).unwrap_or(false)))
+            && (self.path_of(id).exists() || self.shared.exists(&remote_table(id)).unwrap_or(false))
     }
 
     /// The table stored under `id`, verified against its id, whole in memory
@@ -422,45 +425,23 @@ impl PopulationStore {
 
     /// Stored population ids, sorted.
     pub fn list(&self) -> Result<Vec<String>> {
-        if let Some(remote) = &self.remote {
-            let mut ids: Vec<String> = remote
-                .bucket()
-                .list(POPULATIONS, None)?
-                .iter()
-                .filter_map(|name| {
-                    let id = name.strip_prefix("populations/")?.strip_suffix(".arrow")?;
-                    check_population_id(id).ok().map(|_| id.to_string())
-                })
-                .collect();
-            ids.sort();
-            return Ok(ids);
-        }
-        let dir = self.dir.join(POPULATIONS);
-        let mut ids: Vec<String> = fs::read_dir(&dir)
-            .at("cannot list", &dir)?
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let id = name.strip_suffix(".arrow")?.to_string();
-                check_population_id(&id).ok().map(|_| id)
+        let mut ids: Vec<String> = self
+            .shared
+            .list(POPULATIONS, None)?
+            .iter()
+            .filter_map(|name| {
+                let id = name.strip_prefix("populations/")?.strip_suffix(".arrow")?;
+                check_population_id(id).ok().map(|_| id.to_string())
             })
             .collect();
         ids.sort();
         Ok(ids)
     }
 
+    /// The active population: the newest valid entry of the activation log
+    /// (`remote.rs`), at most `Bucket::freshness` old.
     pub fn active(&self) -> Result<Option<ActivePopulation>> {
-        if let Some(remote) = &self.remote {
-            return remote.active();
-        }
-        let path = self.dir.join(ACTIVE);
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| Error::corrupt(&path, format!("not a valid active pointer: {e}"))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io("cannot read", &path, e)),
-        }
+        self.log.active()
     }
 
     /// Replace the active pointer, durably (it has been renamed into place and
@@ -471,61 +452,37 @@ impl PopulationStore {
     }
 
     /// Change the active pointer by `change` of the current one (None: leave
-    /// it), durably: under the lock on a file store, as the next entry of the
-    /// activation log on object storage (retried on the newest entry when
-    /// another replica appended first). Returns the active one afterwards.
+    /// it), durably, as the next entry of the activation log (retried on the
+    /// newest entry when another process or replica appended first).
+    /// Returns the active one afterwards.
     pub fn update_active(
         &self,
         _lock: &ActivationLock,
         mut change: impl FnMut(Option<&ActivePopulation>) -> Result<Option<ActivePopulation>>,
     ) -> Result<Option<ActivePopulation>> {
-        let checked = |next: Option<ActivePopulation>| {
+        self.log.update(|current| {
+            let next = change(current)?;
             if let Some(next) = &next {
                 check_population_id(&next.population)?;
             }
             Ok(next)
-        };
-        if let Some(remote) = &self.remote {
-            return remote.update(|current| checked(change(current)?));
-        }
-        let current = self.active()?;
-        let Some(next) = checked(change(current.as_ref())?)? else {
-            return Ok(current);
-        };
-        let bytes = serde_json::to_vec_pretty(&next)
-            .map_err(|e| Error::internal(format!("cannot encode the active pointer: {e}")))?;
-        self.write_atomically(&self.dir.join(ACTIVE), &bytes)?;
-        Ok(Some(next))
+        })
     }
 
     /// Entries of the activation log skipped as damaged or hostile.
     pub fn skipped_log_entries(&self) -> u64 {
-        self.remote.as_ref().map_or(0, RemoteLog::skipped)
+        self.log.skipped()
     }
 
     /// The runs resumed against this store (`run::fence`).
     pub fn runs(&self) -> Runs {
-        match &self.remote {
-            Some(remote) => Runs::remote(remote.bucket()),
-            None => Runs::new(&self.dir),
-        }
+        Runs::new(self.shared.child("runs"))
     }
 
     /// The generation a resume of `run` gets (see `run::fence`), recorded
     /// durably before it is returned.
     pub fn claim_run(&self, run: &RunId, claim: Claim) -> Result<u64> {
-        let runs = self.runs();
-        if self.remote.is_some() {
-            return runs.claim_remote(run, claim);
-        }
-        let _lock = self.lock_activation()?;
-        let (generation, write) = runs.decide(run, claim)?;
-        if write {
-            let bytes = serde_json::to_vec(&generation)
-                .map_err(|e| Error::internal(format!("cannot encode a run record: {e}")))?;
-            self.write_atomically(&runs.record_path(run)?, &bytes)?;
-        }
-        Ok(generation.generation)
+        self.runs().claim(run, claim)
     }
 
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<()> {
@@ -544,6 +501,25 @@ impl PopulationStore {
         }
         written?;
         fsync_dir(parent)
+    }
+}
+
+/// The active pointer of a directory store written before the activation
+/// log (`active.json`): where the log starts when it has no entry yet. A
+/// damaged one is reported and ignored, like a damaged log entry.
+fn legacy_pointer(shared: &Bucket) -> Result<Option<ActivePopulation>> {
+    let Some(bytes) = shared.get(ACTIVE)? else {
+        return Ok(None);
+    };
+    match serde_json::from_slice::<ActivePopulation>(&bytes) {
+        Ok(active) if check_population_id(&active.population).is_ok() => Ok(Some(active)),
+        _ => {
+            eprintln!(
+                "warning: ignored {}/{ACTIVE}, which is not a valid active pointer",
+                shared.url()
+            );
+            Ok(None)
+        }
     }
 }
 
@@ -626,13 +602,61 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = PopulationStore::open(dir.path()).unwrap();
         assert_eq!(store.active().unwrap(), None);
-        let active = ActivePopulation {
+        let lock = store.lock_activation().unwrap();
+        let missing = ActivePopulation {
             population: "a".repeat(32),
             epoch_len: 7,
         };
-        let lock = store.lock_activation().unwrap();
+        assert!(matches!(
+            store.set_active(&lock, &missing),
+            Err(Error::NotFound(_))
+        ));
+        let active = ActivePopulation {
+            population: store.put_table(&table(1.0)).unwrap(),
+            epoch_len: 7,
+        };
         store.set_active(&lock, &active).unwrap();
-        assert_eq!(store.active().unwrap(), Some(active));
+        assert_eq!(store.active().unwrap(), Some(active.clone()));
+        let again = PopulationStore::open(dir.path()).unwrap();
+        assert_eq!(again.active().unwrap(), Some(active));
+    }
+
+    #[test]
+    fn a_pointer_from_before_the_log_is_read_and_the_log_continues_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = PopulationStore::open(dir.path())
+            .unwrap()
+            .put_table(&table(1.0))
+            .unwrap();
+        let old = format!(r#"{{"population": "{id}", "epoch_len": 5}}"#);
+        fs::write(dir.path().join(ACTIVE), old).unwrap();
+        let store = PopulationStore::open(dir.path()).unwrap();
+        let active = store.active().unwrap().unwrap();
+        assert_eq!(
+            (active.population.as_str(), active.epoch_len),
+            (id.as_str(), 5)
+        );
+        let lock = store.lock_activation().unwrap();
+        store
+            .update_active(&lock, |current| {
+                let mut next = current.cloned().unwrap();
+                next.epoch_len = 6;
+                Ok(Some(next))
+            })
+            .unwrap();
+        let reopened = PopulationStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.active().unwrap().unwrap().epoch_len, 6);
+        assert!(dir.path().join("active/00000000000000000001.json").exists());
+        // A damaged old pointer is ignored (with a warning), not fatal.
+        let other = tempfile::tempdir().unwrap();
+        fs::write(other.path().join(ACTIVE), b"{garbage").unwrap();
+        assert_eq!(
+            PopulationStore::open(other.path())
+                .unwrap()
+                .active()
+                .unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -77,6 +77,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cache::ShardInfo>()?;
     m.add_function(wrap_pyfunction!(request::parse_ticket, m)?)?;
     m.add_function(wrap_pyfunction!(service::check_name, m)?)?;
+    m.add_function(wrap_pyfunction!(service::local_path, m)?)?;
+    m.add_function(wrap_pyfunction!(service::state_local_dir, m)?)?;
     m.add_function(wrap_pyfunction!(writer::write_cache, m)?)?;
     m.add_function(wrap_pyfunction!(ingest::write_arrow, m)?)?;
     m.add_function(wrap_pyfunction!(writer::validate_source_name_py, m)?)?;

@@ -61,6 +61,25 @@ pub fn check_name(kind: &str, name: &str) -> PyResult<()> {
     validate_name(kind, name).py()
 }
 
+/// The local directory a location names, or None when it is object storage:
+/// the one place that tells them apart, so Python never inspects a URL.
+#[pyfunction]
+pub fn local_path(location: &str) -> Option<PathBuf> {
+    (!is_url(location)).then(|| PathBuf::from(location))
+}
+
+/// The local directory this process writes for a population store at
+/// `state_dir`: the store itself, or, on object storage, `mirror_dir`
+/// (`InvalidArgumentError` when a store on object storage has none).
+#[pyfunction]
+#[pyo3(signature = (state_dir, mirror_dir=None))]
+pub fn state_local_dir(state_dir: PathBuf, mirror_dir: Option<PathBuf>) -> PyResult<PathBuf> {
+    match state_location(state_dir, mirror_dir, true).py()? {
+        StateLocation::Dir { dir, .. } => Ok(dir),
+        StateLocation::Bucket { mirror, .. } => Ok(mirror),
+    }
+}
+
 /// Where the store of a dataset lives, from the Python arguments (a path, or
 /// an `s3://` URL given as a string).
 fn state_location(

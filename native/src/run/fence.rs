@@ -3,19 +3,17 @@
 //! (docs/training.md, "Fencing").
 //!
 //! ```text
-//! <state_dir>/<dataset>/runs/<run id>.json   {"generation": n, "from": [g, epoch, position]}
+//! <store>/runs/<run id>/<generation>.json   {"generation": n, "from": [g, epoch, position]}
 //! ```
-//! One small file per run, beside the populations of the dataset's store, so
-//! every process and every replica sharing the store shares it. A claim
-//! happens under the store's lock and replaces the file whole (write, fsync,
-//! rename), so two resumes of one run never get one generation by accident.
-//!
-//! On object storage each generation is its own object,
-//! `runs/<run id>/<generation>.json` (20 digits), created with
-//! `If-None-Match: *`: of two claims of one generation exactly one creates it
-//! and the other claims again after it. A stream's fence there lists the run
-//! at most once per `POLL`, so a loader of an older generation stops within
-//! that time of a resume on another replica.
+//! Each generation is its own object beside the populations of the
+//! dataset's store (a directory or a bucket prefix: `Bucket`, one protocol
+//! for both), created with `If-None-Match: *` (`link(2)` on a directory): of
+//! two claims of one generation exactly one creates it and the other claims
+//! again after it. A stream's fence lists the run at most once per
+//! `Bucket::freshness` (every batch on a directory, a second on object
+//! storage), so a loader of an older generation stops within that time of a
+//! resume elsewhere. A store written before generations were objects has
+//! `runs/<run id>.json`, read when a run has no generation object yet.
 //!
 //! The ranks of one resumed job must share their generation. With
 //! `torch.distributed`, rank 0 claims a fresh one and tells the others;
@@ -24,21 +22,19 @@
 //! checkpoint the newest generation came from gets that generation again.
 
 use std::collections::HashMap;
-use std::fs;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use super::{Place, RunId};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::remote::Bucket;
 
-/// How long a fence on object storage trusts what it last read.
-pub const POLL: Duration = Duration::from_secs(1);
-/// Rounds a claim on object storage retries when others keep winning.
+/// Rounds a claim retries when others keep winning.
 const MAX_ROUNDS: usize = 200;
+/// A generation record is about 60 bytes; anything much larger is not one.
+const MAX_RECORD_BYTES: u64 = 4096;
 
 /// The newest generation of a run and the checkpoint it resumed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,94 +55,55 @@ pub struct Claim {
     pub fresh: bool,
 }
 
-/// Newest generations read from object storage, by run, with when.
+/// Newest generations read, by run, with when.
 type Seen = Arc<Mutex<HashMap<String, (Instant, Option<Generation>)>>>;
 
-/// The runs of one dataset's store: a directory, or a bucket prefix.
+/// The runs of one dataset's store (`<store>/runs`).
 #[derive(Debug, Clone)]
 pub struct Runs {
-    dir: PathBuf,
-    remote: Option<(Bucket, Seen)>,
+    bucket: Bucket,
+    seen: Seen,
 }
 
 impl Runs {
-    pub fn new(store_dir: &Path) -> Self {
+    pub fn new(bucket: Bucket) -> Self {
         Runs {
-            dir: store_dir.join("runs"),
-            remote: None,
+            bucket,
+            seen: Seen::default(),
         }
     }
 
-    /// The runs of a store on object storage under `store`.
-    pub fn remote(store: &Bucket) -> Self {
-        Runs {
-            dir: PathBuf::new(),
-            remote: Some((store.child("runs"), Seen::default())),
-        }
-    }
-
-    fn path(&self, run: &RunId) -> PathBuf {
-        self.dir.join(format!("{}.json", run.as_str()))
-    }
-
-    /// The newest generation on object storage (one listing, one read).
-    fn newest_remote(bucket: &Bucket, run: &RunId) -> Result<Option<Generation>> {
-        let names = bucket.list(run.as_str(), None)?;
-        let Some(newest) = names.last() else {
-            return Ok(None);
-        };
-        let corrupt = |detail: String| Error::corrupt(format!("{}/{newest}", bucket.url()), detail);
-        let bytes = bucket
-            .get(newest)?
-            .ok_or_else(|| corrupt("listed but cannot be read".into()))?;
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| corrupt(format!("not a run record: {e}")))
-    }
-
-    /// Claim a generation on object storage: decided from the newest one and
-    /// created only if no other claim created it first (else decided again).
-    pub fn claim_remote(&self, run: &RunId, claim: Claim) -> Result<u64> {
-        let Some((bucket, _)) = &self.remote else {
-            return Err(Error::internal("claim_remote on a local store"));
-        };
-        for _ in 0..MAX_ROUNDS {
-            let (generation, write) = self.decide(run, claim)?;
-            if !write {
-                return Ok(generation.generation);
-            }
-            let bytes = serde_json::to_vec(&generation)
-                .map_err(|e| Error::internal(format!("cannot encode a run record: {e}")))?;
-            let name = format!("{}/{:020}.json", run.as_str(), generation.generation);
-            if bucket.create(&name, bytes)? {
-                return Ok(generation.generation);
-            }
-        }
-        Err(Error::Unavailable(format!(
-            "the claim of run {} lost the race to other claims {MAX_ROUNDS} times in a row; \
-             retry it",
-            run.as_str()
-        )))
-    }
-
-    /// The run's newest generation, if it was ever resumed against this store.
+    /// The run's newest generation, if it was ever resumed against this
+    /// store: its newest record that is one (a damaged or foreign object is
+    /// passed over), else the record of a store from before generations were
+    /// objects.
     pub fn newest(&self, run: &RunId) -> Result<Option<Generation>> {
-        if let Some((bucket, _)) = &self.remote {
-            return Self::newest_remote(bucket, run);
+        let listed = self.bucket.list_sized(run.as_str(), None)?;
+        for (name, size) in listed.iter().rev() {
+            if let Some(generation) = self.record(name, *size)? {
+                return Ok(Some(generation));
+            }
         }
-        let path = self.path(run);
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| Error::corrupt(&path, format!("not a run record: {e}"))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io("cannot read", &path, e)),
-        }
+        let legacy = format!("{}.json", run.as_str());
+        Ok(self
+            .bucket
+            .get(&legacy)?
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok()))
     }
 
-    /// The generation a resume gets (the caller holds the store's lock), and
-    /// whether it must be written.
-    pub fn decide(&self, run: &RunId, claim: Claim) -> Result<(Generation, bool)> {
+    fn record(&self, name: &str, size: u64) -> Result<Option<Generation>> {
+        if size > MAX_RECORD_BYTES || !is_record_name(name) {
+            return Ok(None);
+        }
+        Ok(self
+            .bucket
+            .get(name)?
+            .and_then(|bytes| serde_json::from_slice::<Generation>(&bytes).ok())
+            .filter(|g| name.ends_with(&format!("/{:020}.json", g.generation))))
+    }
+
+    /// The generation a resume gets, and whether it must be written.
+    fn decide(&self, run: &RunId, claim: Claim) -> Result<(Generation, bool)> {
         let from = (claim.after, claim.place.0, claim.place.1);
         let newest = self.newest(run)?;
         if let Some(known) = newest {
@@ -161,33 +118,46 @@ impl Runs {
         Ok((Generation { generation, from }, true))
     }
 
-    /// Where a claimed generation is written (the caller writes it atomically).
-    pub fn record_path(&self, run: &RunId) -> Result<PathBuf> {
-        fs::create_dir_all(&self.dir).at("cannot create the runs directory", &self.dir)?;
-        Ok(self.path(run))
+    /// Claim a generation: decided from the newest one and created only if
+    /// no other claim created it first (else decided again), durably.
+    pub fn claim(&self, run: &RunId, claim: Claim) -> Result<u64> {
+        for _ in 0..MAX_ROUNDS {
+            let (generation, write) = self.decide(run, claim)?;
+            if !write {
+                return Ok(generation.generation);
+            }
+            let bytes = serde_json::to_vec(&generation)
+                .map_err(|e| Error::internal(format!("cannot encode a run record: {e}")))?;
+            let name = format!("{}/{:020}.json", run.as_str(), generation.generation);
+            if self.bucket.create(&name, bytes)? {
+                return Ok(generation.generation);
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the claim of run {} lost the race to other claims {MAX_ROUNDS} times in a row; \
+             retry it",
+            run.as_str()
+        )))
     }
 
     /// `FencedError` when a newer generation of `run` than `generation` exists.
     pub fn check(&self, run: &RunId, generation: u64) -> Result<()> {
-        let newest = match &self.remote {
-            None => self.newest(run)?,
-            Some((bucket, seen)) => {
-                let poisoned = || Error::internal("a fence's state was poisoned");
-                let known = seen
+        let poisoned = || Error::internal("a fence's state was poisoned");
+        let known = self
+            .seen
+            .lock()
+            .map_err(|_| poisoned())?
+            .get(run.as_str())
+            .copied();
+        let newest = match known {
+            Some((at, newest)) if at.elapsed() < self.bucket.freshness() => newest,
+            _ => {
+                let newest = self.newest(run)?;
+                self.seen
                     .lock()
                     .map_err(|_| poisoned())?
-                    .get(run.as_str())
-                    .copied();
-                match known {
-                    Some((at, newest)) if at.elapsed() < POLL => newest,
-                    _ => {
-                        let newest = Self::newest_remote(bucket, run)?;
-                        seen.lock()
-                            .map_err(|_| poisoned())?
-                            .insert(run.as_str().to_string(), (Instant::now(), newest));
-                        newest
-                    }
-                }
+                    .insert(run.as_str().to_string(), (Instant::now(), newest));
+                newest
             }
         };
         match newest {
@@ -195,6 +165,14 @@ impl Runs {
             _ => Ok(()),
         }
     }
+}
+
+/// `<run>/<20 digits>.json`.
+fn is_record_name(name: &str) -> bool {
+    name.rsplit('/')
+        .next()
+        .and_then(|file| file.strip_suffix(".json"))
+        .is_some_and(|digits| digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn fenced(run: &RunId, generation: u64, newest: Generation) -> Error {
