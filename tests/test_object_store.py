@@ -319,10 +319,14 @@ def test_an_unreachable_store_is_store_unavailable(
     for key, value in (("AWS_ACCESS_KEY_ID", "k"), ("AWS_SECRET_ACCESS_KEY", "s")):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    monkeypatch.setenv("AWS_TIMEOUT", "30")  # bare seconds, as the docs allow (issue 46)
     start = time.monotonic()
-    with pytest.raises(drt.StoreUnavailableError, match=r"could not .* reachable"):
+    with pytest.raises(drt.StoreUnavailableError, match=r"could not .* reachable") as failed:
         replica(runtime, cache, "s3://nowhere/state", tmp_path / "m")
     assert time.monotonic() - start < WAIT_SECONDS
+    # The endpoint and the key layout are the operator's, not the client's (issue 46).
+    text = str(failed.value)
+    assert "127.0.0.1" not in text and "caches-" not in text and "active/" not in text, text
     assert isinstance(drt.StoreUnavailableError("x"), drt.CacheIOError)
 
 

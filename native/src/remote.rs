@@ -208,12 +208,21 @@ impl Bucket {
             object_store::Error::NotFound { .. } => {
                 Error::NotFound(format!("{}/{name} does not exist", self.url))
             }
-            other => Error::Unavailable(format!(
-                "object storage at {} could not {action} {name}: {other}; check that the \
-                 store is reachable and that the credentials in the environment may read \
-                 and write the bucket",
-                self.url
-            )),
+            other => {
+                // The details (the endpoint's URL, the object's key) are the
+                // operator's: in the server's log, not in what a client reads.
+                let detail: String = other.to_string().chars().take(2000).collect();
+                eprintln!(
+                    "warning: object storage at {} could not {action} {name}: {detail}",
+                    self.url
+                );
+                Error::Unavailable(format!(
+                    "object storage could not {action} an object: the store did not answer or \
+                     refused the request (the server's log has the details); check that the \
+                     store is reachable and that the credentials in the environment may read \
+                     and write the bucket"
+                ))
+            }
         }
     }
 
