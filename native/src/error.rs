@@ -5,17 +5,52 @@ use std::path::{Path, PathBuf};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What a damaged file belongs to, which says how to mend it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repair {
+    /// A cache's file: caches are written once and never repaired in place.
+    Cache,
+    /// A population store's file (a population's table or rows file).
+    Population,
+}
+
+impl Repair {
+    fn what(self) -> &'static str {
+        match self {
+            Repair::Cache => "cache file",
+            Repair::Population => "population file",
+        }
+    }
+
+    fn how(self) -> &'static str {
+        match self {
+            Repair::Cache => {
+                "caches are immutable, so delete the cache directory and write it again (a \
+                 mirror of a cache on object storage: stop the server, delete the mirrored \
+                 directory, and it is fetched again; if the damage returns, it is in the \
+                 bucket's copy: upload the cache again)"
+            }
+            Repair::Population => {
+                "populations are written once, so remove this population's two files (its \
+                 .arrow and .rows; on object storage, this replica's mirrored copies, which \
+                 are fetched again) and put its table again if the store has no good copy; \
+                 other populations and the active pointer are not affected"
+            }
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A cache file is missing, truncated, malformed, of an unknown version or
-    /// fails a checksum.
-    #[error(
-        "corrupt cache file {path}: {detail}; caches are immutable, so delete the cache \
-         directory and write it again (a mirror of a cache on object storage: stop the server, \
-         delete the mirrored directory, and it is fetched again; if the damage returns, it \
-         is in the bucket's copy: upload the cache again)"
-    )]
-    CorruptCache { path: PathBuf, detail: String },
+    /// A file of a cache or of a population store is missing, truncated,
+    /// malformed, of an unknown version or fails a checksum; `repair` says
+    /// how to mend which.
+    #[error("corrupt {} {path}: {detail}; {}", repair.what(), repair.how())]
+    CorruptCache {
+        path: PathBuf,
+        detail: String,
+        repair: Repair,
+    },
 
     /// The operating system refused an operation on `path`.
     #[error("{action} {path}: {source}")]
@@ -101,6 +136,16 @@ impl Error {
         Error::CorruptCache {
             path: path.as_ref().to_path_buf(),
             detail: detail.into(),
+            repair: Repair::Cache,
+        }
+    }
+
+    /// A damaged file of a population store (`corrupt` is a cache's).
+    pub fn corrupt_population(path: impl AsRef<Path>, detail: impl Into<String>) -> Self {
+        Error::CorruptCache {
+            path: path.as_ref().to_path_buf(),
+            detail: detail.into(),
+            repair: Repair::Population,
         }
     }
 
@@ -179,7 +224,15 @@ impl Error {
     /// I/O error keeps its kind and message, an Arrow error its message.
     pub fn duplicate(&self) -> Self {
         match self {
-            Error::CorruptCache { path, detail } => Error::corrupt(path, detail.clone()),
+            Error::CorruptCache {
+                path,
+                detail,
+                repair,
+            } => Error::CorruptCache {
+                path: path.clone(),
+                detail: detail.clone(),
+                repair: *repair,
+            },
             Error::Io {
                 action,
                 path,

@@ -275,7 +275,7 @@ impl Keys {
                 )))
             }
         };
-        let damaged = |detail: String| Error::corrupt(&self.path, detail);
+        let damaged = |detail: String| Error::corrupt_population(&self.path, detail);
         if no_cache {
             return Err(damaged(format!(
                 "a key names a cache position past the dataset's {} caches",

@@ -151,7 +151,7 @@ impl Population {
     pub fn truncation(&self) -> Option<Error> {
         let path = self.rows.truncated().or_else(|| self.table.truncated())?;
         // Named by file (the population's id), not by the state volume's path.
-        Some(Error::corrupt(
+        Some(Error::corrupt_population(
             Path::new("populations").join(path.file_name().unwrap_or_default()),
             "the population's file was cut short while it was being read; the next request \
              opens it again (and refuses it if it is still damaged)",

@@ -169,7 +169,7 @@ impl PopulationRows {
     /// the file's length and the caches are checked, nothing is read per row.
     pub fn open(path: &Path, caches: &CacheSet) -> Result<Self> {
         let file = File::open(path).at("cannot open", path)?;
-        let damaged = |detail: String| Error::corrupt(path, detail);
+        let damaged = |detail: String| Error::corrupt_population(path, detail);
         let len = file.metadata().at("cannot stat", path)?.len();
         if len < HEADER as u64 {
             return Err(damaged(format!("{len} bytes, shorter than its header")));
@@ -197,7 +197,7 @@ impl PopulationRows {
     /// and caches checked as `open` does, nothing mapped.
     pub fn keys_file(path: &Path, caches: &CacheSet) -> Result<KeysFile> {
         let mut file = File::open(path).at("cannot open", path)?;
-        let damaged = |detail: String| Error::corrupt(path, detail);
+        let damaged = |detail: String| Error::corrupt_population(path, detail);
         let len = file.metadata().at("cannot stat", path)?.len();
         let mut bytes = [0u8; HEADER];
         std::io::Read::read_exact(&mut file, &mut bytes)
@@ -214,9 +214,9 @@ impl PopulationRows {
     pub fn verify(path: &Path) -> Result<()> {
         let file = File::open(path).at("cannot open", path)?;
         let bytes = MappedFile::map(&file).at("cannot map", path)?;
-        let header = Header::parse(&bytes).map_err(|d| Error::corrupt(path, d))?;
+        let header = Header::parse(&bytes).map_err(|d| Error::corrupt_population(path, d))?;
         if header.len != bytes.len() as u64 || xxh3_64(&bytes[HEADER..]) != header.checksum {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_population(
                 path,
                 "its content does not match its checksum",
             ));

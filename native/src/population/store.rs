@@ -187,7 +187,7 @@ impl PopulationStore {
         let populations = dir.join(POPULATIONS);
         match fs::metadata(&populations) {
             Ok(meta) if meta.is_dir() => Self::assemble(dir, Bucket::local(dir)?, true),
-            Ok(_) => Err(Error::corrupt(
+            Ok(_) => Err(Error::corrupt_population(
                 &populations,
                 "not a directory; a population store keeps its populations in a directory",
             )),
@@ -270,7 +270,7 @@ impl PopulationStore {
             let slices = mapped.checked_slices().map(|s| s.map_err(Error::from));
             let written = write_population(caches.clone(), &self.scratch_dir(), slices)?;
             if written.id != id {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_population(
                     &table,
                     format!("the content hashes to {}, not to its name", written.id),
                 ));
@@ -391,7 +391,7 @@ impl PopulationStore {
         };
         let computed = super::table_id(&table, keys.as_ref())?;
         if computed != id {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_population(
                 &path,
                 format!("the content hashes to {computed}, not to its name"),
             ));
@@ -619,6 +619,25 @@ mod tests {
         assert_eq!(store.active().unwrap(), Some(active.clone()));
         let again = PopulationStore::open(dir.path()).unwrap();
         assert_eq!(again.active().unwrap(), Some(active));
+    }
+
+    #[test]
+    fn a_damaged_population_file_says_how_to_mend_a_population_not_a_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PopulationStore::open(dir.path()).unwrap();
+        let id = store.put_table(&table(1.0)).unwrap();
+        let path = store.path_of(&id);
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 20;
+        bytes[last] ^= 0xff;
+        fs::write(&path, bytes).unwrap();
+        let message = store
+            .verify(&id, &caches(&dir))
+            .expect_err("damaged")
+            .to_string();
+        assert!(message.starts_with("corrupt population file"), "{message}");
+        assert!(message.contains("put its table again"), "{message}");
+        assert!(!message.contains("delete the cache directory"), "{message}");
     }
 
     #[test]

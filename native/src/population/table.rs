@@ -266,7 +266,7 @@ pub struct MappedTable {
 impl MappedTable {
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).at("cannot open", path)?;
-        let damaged = |detail: String| Error::corrupt(path, detail);
+        let damaged = |detail: String| Error::corrupt_population(path, detail);
         if file.metadata().at("cannot stat", path)?.len() == 0 {
             return Err(damaged("the file is empty".into()));
         }
@@ -283,7 +283,7 @@ impl MappedTable {
     }
 
     fn decode(path: &Path, map: &Arc<MappedFile>) -> Result<Self> {
-        let damaged = |detail: String| Error::corrupt(path, detail);
+        let damaged = |detail: String| Error::corrupt_population(path, detail);
         let mut buffer = crate::storage::arrow_buffer(map, 0, map.len())
             .ok_or_else(|| damaged("cannot be mapped".into()))?;
         // SAFETY: the values are checked before they are read: the structure
@@ -472,7 +472,7 @@ impl MappedTable {
                 chunk_rows: self.chunks.chunk_rows,
                 identity: None,
             }),
-            Err(e) => Err(Error::corrupt(
+            Err(e) => Err(Error::corrupt_population(
                 &self.path,
                 format!("column '{}': {e}", self.schema().field(i).name()),
             )),

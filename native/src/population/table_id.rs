@@ -45,7 +45,7 @@ pub fn table_id(table: &MappedTable, keys: Option<&KeysFile>) -> Result<String> 
             ));
         };
         if keys.rows != rows {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_population(
                 &keys.path,
                 format!("it holds {} rows and its table {rows}", keys.rows),
             ));
@@ -59,7 +59,8 @@ pub fn table_id(table: &MappedTable, keys: Option<&KeysFile>) -> Result<String> 
             Ok(parts) => whole_column(i, field, &parts, rows, &mut placeholders),
             Err(id) => identity_column(i, field, id, rows, &mut placeholders),
         };
-        let (field, array) = column.map_err(|detail| Error::corrupt(table.path(), detail))?;
+        let (field, array) =
+            column.map_err(|detail| Error::corrupt_population(table.path(), detail))?;
         fields.push(field);
         arrays.push(array);
     }
@@ -82,7 +83,7 @@ pub fn table_id(table: &MappedTable, keys: Option<&KeysFile>) -> Result<String> 
         writer.finish()
     })();
     if let Some(detail) = sink.failure.take() {
-        return Err(Error::corrupt(table.path(), detail));
+        return Err(Error::corrupt_population(table.path(), detail));
     }
     written?;
     Ok(format!("{:032x}", sink.hash.finish_128()))
