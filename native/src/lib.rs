@@ -1,15 +1,17 @@
 //! DatasetRT's engine: immutable caches (`storage`), validated populations
-//! (`population`), counter-based draws (`sampling`) and epoch streams (`stream`),
-//! with the work of writing and reading spread over a fixed pool of worker
-//! threads (`workers`). `python` holds the PyO3 bindings and is the only module
-//! that knows about Python.
+//! (`population`), counter-based draws (`sampling`), epoch streams (`stream`)
+//! and training runs (`run`), with the work of writing and reading spread over
+//! a fixed pool of worker threads (`workers`). Everything shared between
+//! replicas goes through one object-store abstraction (`remote::Bucket`, a
+//! bucket or a local directory); everything OS-specific is in `os`. `python`
+//! holds the PyO3 bindings and is the only module that knows about Python.
+//! docs/architecture.md has the map.
 
 pub mod dataset;
 pub mod error;
 pub mod hash;
 mod os;
 pub mod population;
-mod prefetch;
 pub mod remote;
 pub mod request;
 pub mod run;
@@ -17,7 +19,6 @@ pub mod sampling;
 pub mod service;
 pub mod storage;
 pub mod stream;
-mod uncached;
 mod warmup;
 pub mod workers;
 

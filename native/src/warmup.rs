@@ -33,7 +33,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::storage::mapped::{self, MappedFile};
+use crate::os::mapped::{self, MappedFile};
 
 /// Pages sampled to tell a cold file from a warm one.
 const PROBES: usize = 16;
@@ -103,7 +103,7 @@ pub fn open_random(
         .filter(|i| !range.is_empty() && is_resident(map, range.start + range.len() * i / PROBES))
         .count();
     if range.is_empty() || resident as f64 >= WARM_SHARE * PROBES as f64 {
-        crate::prefetch::huge_pages_hint(&map[range]);
+        crate::os::prefetch::huge_pages_hint(&map[range]);
         return Start::Warm;
     }
     advise(map, range.clone(), libc::MADV_RANDOM);
@@ -188,7 +188,7 @@ fn warm_up(file: &File, serving: &Weak<MappedFile>, range: Range<usize>) {
     // A mapping of its own: its faults read 2 MiB each, which the serving
     // mapping (single pages for now) does not.
     if let Ok(reader) = MappedFile::map(file) {
-        crate::prefetch::huge_pages_hint(&reader[range.clone()]);
+        crate::os::prefetch::huge_pages_hint(&reader[range.clone()]);
         let mut released = range.start;
         for at in range.clone().step_by(HUGE_PAGE) {
             if serving.strong_count() == 0 {
@@ -206,7 +206,7 @@ fn warm_up(file: &File, serving: &Weak<MappedFile>, range: Range<usize>) {
     }
     if let Some(map) = serving.upgrade() {
         advise(&map, range.clone(), libc::MADV_NORMAL);
-        crate::prefetch::huge_pages_hint(&map[range]);
+        crate::os::prefetch::huge_pages_hint(&map[range]);
     }
 }
 

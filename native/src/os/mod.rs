@@ -1,10 +1,21 @@
-//! What the engine asks of the operating system beyond `std`, in one place.
+//! What the engine asks of the operating system beyond `std`, in one place:
+//! disk space reserved before a file is mapped for writing (`allocate`),
+//! mappings that survive their file being cut (`mapped`: the `SIGBUS`
+//! handler, and the one guard through which readers learn of a cut), leases
+//! for lending mapped records (`lease`), CPU prefetch and huge-page hints
+//! (`prefetch`), and copies around the CPU's caches (`uncached`).
 //!
-//! Each function names its Linux implementation and the fallback used
-//! elsewhere (`cfg(target_os = "linux")`): the engine is built and tested on
-//! Linux; on other Unix systems it builds with the fallbacks, which are
-//! correct and slower.
+//! Each names its Linux (or x86-64) implementation and the fallback used
+//! elsewhere (`cfg(target_os = "linux")`, `cfg(target_arch = "x86_64")`): the
+//! engine is built and tested on Linux; elsewhere it builds with the
+//! fallbacks, which are correct and slower (no leases: records are copied;
+//! no prefetch or huge-page hints; ordinary copies; zeros written instead of
+//! `posix_fallocate`).
 
 mod alloc;
+pub mod lease;
+pub mod mapped;
+pub mod prefetch;
+pub mod uncached;
 
 pub use alloc::allocate;

@@ -23,7 +23,7 @@ use arrow_schema::{DataType, Field, Schema};
 
 use super::rows::{split_key, ROWS_HEADER, SAMPLE_BITS};
 use crate::error::{Error, Result};
-use crate::storage::mapped::MappedFile;
+use crate::os::mapped::MappedFile;
 use crate::storage::Slab;
 
 /// The schema metadata that lists a table file's left-out identity columns.

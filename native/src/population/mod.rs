@@ -164,7 +164,7 @@ impl Population {
         self.rows.record(row)
     }
 
-    /// Ask for row `row`'s `record` ahead of reading it (`crate::prefetch`).
+    /// Ask for row `row`'s `record` ahead of reading it (`crate::os::prefetch`).
     #[inline]
     pub fn prefetch(&self, row: usize) {
         self.rows.prefetch(row)

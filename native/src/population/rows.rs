@@ -27,14 +27,12 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use memmap2::MmapMut;
-
 use super::ids::{Keys, KeysFile};
 use super::scratch::ScratchFile;
 use crate::error::{Error, IoContext, Result};
 use crate::hash::{xxh3_64, Xxh3};
+use crate::os::mapped::{map_allocated, MappedFile};
 use crate::sampling::{build_alias, AliasColumn, AliasTable};
-use crate::storage::mapped::MappedFile;
 use crate::storage::{CacheSet, Slab, Writeback};
 
 const MAGIC: &[u8; 8] = b"DRTROWS1";
@@ -260,7 +258,7 @@ impl PopulationRows {
     #[inline]
     pub fn prefetch(&self, row: usize) {
         if let Some(key) = self.keys.get(row) {
-            crate::prefetch::prefetch_line(key);
+            crate::os::prefetch::prefetch_line(key);
         }
     }
 
@@ -363,22 +361,19 @@ impl RowsWriter {
             .into_inner()
             .map_err(|e| Error::io("cannot write", weights_file.path(), e.into_error()))?;
         let (alias_at, len) = Header::layout(rows);
-        // Allocated, not sized: a store into a hole on a full volume would
-        // be a SIGBUS (`os::allocate`).
-        crate::os::allocate(&out, len).at("cannot write", &path)?;
         let n = rows as usize;
         {
-            // SAFETY: scratch files of ours, locked, that nobody else maps.
-            let mut map = unsafe { MmapMut::map_mut(&out) }.at("cannot map", &path)?;
+            // Allocated before they are mapped (`map_allocated`): a store
+            // into a hole on a full volume would be a SIGBUS.
+            let mut map = map_allocated(&out, len).at("cannot write", &path)?;
+            // SAFETY: a scratch file of ours, complete and locked, that
+            // nobody else writes or truncates while it is mapped here.
             let weights_map =
                 unsafe { memmap2::Mmap::map(&weights_in) }.at("cannot map", weights_file.path())?;
             let stack_file = ScratchFile::create(path.parent().unwrap_or(Path::new(".")))?;
             let stack_handle = stack_file.file()?;
-            crate::os::allocate(&stack_handle, rows.max(1) * 4)
+            let mut stack_map = map_allocated(&stack_handle, rows.max(1) * 4)
                 .at("cannot write", stack_file.path())?;
-            // SAFETY: as above.
-            let mut stack_map =
-                unsafe { MmapMut::map_mut(&stack_handle) }.at("cannot map", stack_file.path())?;
             let weights: &[f64] = cast(&weights_map[..n * 8]);
             let columns: &mut [AliasColumn] =
                 cast_mut(&mut map[alias_at as usize..alias_at as usize + n * 8]);

@@ -27,7 +27,7 @@ use arrow_schema::{Field, Schema, SchemaRef};
 use super::ids::{self, IdColumn, Keys, LeftOut, IDS_KEY};
 use super::BATCH_ROWS;
 use crate::error::{Error, IoContext, Result};
-use crate::storage::mapped::MappedFile;
+use crate::os::mapped::MappedFile;
 
 /// The schema metadata that marks a table stored in chunks.
 pub const LAYOUT_KEY: &str = "dataset_rt.layout";

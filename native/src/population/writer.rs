@@ -102,8 +102,8 @@ impl PopulationWriter {
         }
         let validated = validate_table(&self.caches, batch);
         // Stored values read as zeros from a cut metadata file would be
-        // compared as if they were the cache's (`storage::mapped`).
-        if crate::storage::mapped::faults() != 0 {
+        // compared as if they were the cache's (`os::mapped`).
+        if crate::os::mapped::any_cut() {
             if let Some(error) = self.caches.truncation() {
                 return Err(error);
             }

@@ -23,9 +23,10 @@ use super::partition::Partition as PyPartition;
 use super::Runtime;
 use crate::dataset::Dataset as EngineDataset;
 use crate::error::Error;
+use crate::os::mapped;
 use crate::population::Population;
 use crate::sampling::{Partition, StreamOrder, StreamWindow};
-use crate::storage::{mapped, CacheSet};
+use crate::storage::CacheSet;
 use crate::stream::{
     draw_rows, BaseColumn, BatchContext, EpochStream, StreamOptions, WorkerPool, BASE_COLUMNS,
 };
@@ -439,13 +440,13 @@ impl SampleIterator {
                     // A large record is copied from its mapped shard here, after
                     // it was verified: a shard cut short in between reads as
                     // zeros, which only this thread's fault count tells.
-                    let faults = mapped::thread_faults();
-                    let data = PyBytes::new(py, payload).into_any();
-                    if mapped::thread_faults() != faults {
-                        if let Some(error) = self.caches.truncation() {
+                    let data = match mapped::scope(|| PyBytes::new(py, payload).into_any()) {
+                        Ok(data) => data,
+                        Err(cut) => {
+                            let error = self.caches.truncation().unwrap_or_else(|| cut.into());
                             return Err(to_pyerr(error));
                         }
-                    }
+                    };
                     return make_sample(py, data, dict, cache_id, sample_id).map(Some);
                 }
             }

@@ -141,7 +141,7 @@ impl AliasTable {
         ];
         let mut stack = vec![0u32; weights.len()];
         build_alias(weights, total, &mut columns, &mut stack)?;
-        crate::prefetch::huge_pages(&columns);
+        crate::os::prefetch::huge_pages(&columns);
         Ok(AliasTable {
             columns: Slab::from_vec(columns),
             cold: Default::default(),
@@ -197,7 +197,7 @@ impl AliasTable {
                 if cold {
                     crate::warmup::will_need(entry);
                 }
-                crate::prefetch::prefetch_line(entry);
+                crate::os::prefetch::prefetch_line(entry);
                 filled += 1;
             }
             for &product in &products[..filled] {

@@ -12,14 +12,14 @@ use super::codec::decode_into;
 use super::index::{IndexEntry, StoredEntry, INDEX_ENTRY_BYTES};
 use super::lend::Lender;
 use super::manifest::{FileEntry, Manifest};
-use super::mapped::{self, MappedFile};
 use super::pread::append_exact_at;
 use super::schema::ColumnSpec;
 use super::slab::Slab;
 use super::LARGE_RECORD;
 use super::{hex64, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
-use crate::prefetch::{prefetch_line, prefetch_line_to_l2};
+use crate::os::mapped::{self, MappedFile};
+use crate::os::prefetch::{prefetch_line, prefetch_line_to_l2};
 use crate::remote::Bucket;
 
 /// One open cache. Its shards, index and metadata are memory-mapped (their
@@ -92,8 +92,8 @@ impl Shard {
         let file = Arc::new(file);
         if let Some(map) = &map {
             // Records are read at random: 2 MiB pages where the page cache
-            // has them (see `crate::prefetch::huge_pages`); only a hint.
-            crate::prefetch::huge_pages_hint(&map[..]);
+            // has them (see `crate::os::prefetch::huge_pages`); only a hint.
+            crate::os::prefetch::huge_pages_hint(&map[..]);
         }
         Ok(Shard {
             lender: map.map(|m| Lender::new(m, file)),
@@ -339,7 +339,7 @@ impl Cache {
         let stored = self.stored_bytes(entry)?;
         self.check_record(sample_id, entry, stored)?;
         if entry.stored_as_is() {
-            crate::uncached::extend(out, stored);
+            crate::os::uncached::extend(out, stored);
             return Ok(());
         }
         self.decode_record(sample_id, entry, stored, out)
@@ -576,14 +576,14 @@ impl Cache {
 
     /// Verify every file's full checksum and every record's checksum.
     pub fn verify(&self) -> Result<VerifyReport> {
-        let faults = mapped::thread_faults();
-        let report = self.verify_records();
-        if mapped::thread_faults() != faults {
-            if let Some(shard) = self.truncated_shard() {
-                return Err(self.truncation_error(shard));
-            }
+        match mapped::scope(|| self.verify_records()) {
+            Ok(report) => report,
+            Err(cut) => Err(self
+                .truncated_shard()
+                .map(|shard| self.truncation_error(shard))
+                .or_else(|| self.truncation())
+                .unwrap_or_else(|| cut.into())),
         }
-        report
     }
 
     fn verify_records(&self) -> Result<VerifyReport> {
@@ -666,9 +666,9 @@ fn map_checked(
     };
     // Before the first read: the pages this read brings in are the ones the
     // cache is served from, and only pages read in after the hint can be
-    // mapped huge (`crate::prefetch::huge_pages_hint`).
+    // mapped huge (`crate::os::prefetch::huge_pages_hint`).
     if let Some(map) = &map {
-        crate::prefetch::huge_pages_hint(&map[..]);
+        crate::os::prefetch::huge_pages_hint(&map[..]);
     }
     let digest = hex64(xxh3_64(map.as_deref().map_or(&[][..], |m| &m[..])));
     check_digest(&path, &entry.xxh3, &digest)?;

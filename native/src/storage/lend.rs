@@ -30,14 +30,14 @@
 //! resident in it.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use arrow_buffer::Buffer;
 
-use super::mapped::{self, MappedFile};
+use crate::os::lease;
+use crate::os::mapped::{self, MappedFile};
 
 /// How often the watcher looks at the leases it holds. A writer waits at most
 /// about this long (plus the copies of the lent ranges) for its `open`.
@@ -45,13 +45,6 @@ const POLL: Duration = Duration::from_millis(20);
 /// After a lease was refused for a passing reason (another writer had the
 /// file open), the next attempt waits this long: records are copied meanwhile.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
-/// The signal a lease break sends. Its default action is to ignore it, so the
-/// break needs no handler (`SIGIO`, the default, would end the process); the
-/// watcher finds the break by polling.
-const BREAK_SIGNAL: libc::c_int = libc::SIGURG;
-/// `fcntl` command that sets the signal of a lease break (Linux's value;
-/// the `libc` crate does not export it).
-const F_SETSIG: libc::c_int = 10;
 
 /// Lending from one shard: its mapping, its file (for the lease) and what is
 /// out on loan.
@@ -146,11 +139,11 @@ impl Lender {
             Lease::RetryAt(at) if Instant::now() < at => return false,
             Lease::None | Lease::RetryAt(_) => {}
         }
-        state.lease = match take_lease(&self.file) {
+        state.lease = match lease::take_read(&self.file) {
             Ok(()) if watch(self) => Lease::Held,
             Ok(()) => {
                 // No watcher to answer a break: no loan is safe.
-                let _ = set_lease(&self.file, libc::F_UNLCK);
+                lease::release(&self.file);
                 Lease::Never
             }
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
@@ -182,7 +175,7 @@ impl Lender {
             if state.lent.is_empty() {
                 // Held only while something is lent: a writer is never kept
                 // waiting by a shard that is merely open.
-                let _ = set_lease(&self.file, libc::F_UNLCK);
+                lease::release(&self.file);
                 state.lease = Lease::None;
                 unwatch(self);
             }
@@ -199,18 +192,16 @@ impl Lender {
         for (start, end) in merged(&state.lent) {
             // SAFETY: the range lies in our live mapping, still intact (the
             // writer waits for the lease).
-            unsafe { replace_with_copy(start, end - start) };
+            unsafe { lease::replace_with_copy(start, end - start) };
         }
-        let _ = set_lease(&self.file, libc::F_UNLCK);
+        lease::release(&self.file);
         state.lease = Lease::Never;
         unwatch(self);
     }
 
     /// Whether a lease break has started (checked by the watcher).
     fn breaking(&self) -> bool {
-        // SAFETY: a plain fcntl on our own descriptor.
-        let held = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETLEASE) };
-        held != libc::F_RDLCK
+        lease::breaking(&self.file)
     }
 
     fn holds_lease(&self) -> bool {
@@ -241,58 +232,6 @@ fn merged(ranges: &[(usize, usize)]) -> Vec<(usize, usize)> {
         }
     }
     out
-}
-
-fn take_lease(file: &File) -> std::io::Result<()> {
-    // The signal first: a break before it is set would send `SIGIO`.
-    // SAFETY: plain fcntl calls on our own descriptor.
-    if unsafe { libc::fcntl(file.as_raw_fd(), F_SETSIG, BREAK_SIGNAL) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    set_lease(file, libc::F_RDLCK)
-}
-
-fn set_lease(file: &File, kind: libc::c_int) -> std::io::Result<()> {
-    // SAFETY: a plain fcntl on our own descriptor.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, kind) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Replace the mapped pages `start..start + len` by a private, read-only copy
-/// of their bytes, in one step for other threads (`mremap` moves the copy over
-/// the range under the address space's lock).
-///
-/// # Safety
-/// `start..start + len` is page-aligned and lies in a live mapping of ours.
-unsafe fn replace_with_copy(start: usize, len: usize) {
-    // SAFETY: fresh anonymous memory, filled, then moved over our own range.
-    unsafe {
-        let copy = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        if copy == libc::MAP_FAILED {
-            return;
-        }
-        std::ptr::copy_nonoverlapping(start as *const u8, copy.cast::<u8>(), len);
-        libc::mprotect(copy, len, libc::PROT_READ);
-        let moved = libc::mremap(
-            copy,
-            len,
-            len,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            start as *mut libc::c_void,
-        );
-        if moved == libc::MAP_FAILED {
-            libc::munmap(copy, len);
-        }
-    }
 }
 
 /// The lenders holding a lease now (few: a lease is held only while records

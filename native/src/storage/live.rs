@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::mapped;
 use super::CacheSet;
 use crate::error::{Error, Result};
+use crate::os::mapped;
 
 /// How often the files are compared with the open set (one `stat` per shard).
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -36,8 +36,8 @@ struct State {
     /// Why the set cannot be served, when its last check found it damaged.
     damage: Option<Error>,
     checked: Instant,
-    /// `mapped::faults()` at the last check.
-    faults: u64,
+    /// Cuts met by any read since the last check.
+    cuts: mapped::CutWatch,
 }
 
 impl LiveCaches {
@@ -51,7 +51,7 @@ impl LiveCaches {
                 caches,
                 damage: None,
                 checked: Instant::now(),
-                faults: mapped::faults(),
+                cuts: mapped::CutWatch::new(),
             }),
         })
     }
@@ -71,9 +71,7 @@ impl LiveCaches {
     /// says what is damaged.
     pub fn current(&self) -> Result<Arc<CacheSet>> {
         let mut state = self.lock()?;
-        let faults = mapped::faults();
-        if faults != state.faults || state.checked.elapsed() >= CHECK_INTERVAL {
-            state.faults = faults;
+        if state.cuts.saw_new() || state.checked.elapsed() >= CHECK_INTERVAL {
             state.checked = Instant::now();
             if state.damage.is_some() || changed(&state.caches) {
                 self.reopen(&mut state);

@@ -20,7 +20,6 @@ mod index;
 mod lend;
 mod live;
 mod manifest;
-pub mod mapped;
 pub mod mirror;
 mod pipeline;
 mod pread;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use arrow_buffer::Buffer;
 
-use super::mapped::MappedFile;
+use crate::os::mapped::MappedFile;
 
 /// Values that may be read from a file's bytes as they are: `Copy`, no
 /// padding, every bit pattern valid, little-endian on every supported target.

@@ -9,9 +9,10 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::buffers::BufferPool;
 use crate::error::{Error, Result};
+use crate::os::mapped;
 use crate::population::{Population, PopulationColumn};
 use crate::sampling::{StreamOrder, StreamWindow};
-use crate::storage::{mapped, CacheSet, IndexEntry, LARGE_RECORD};
+use crate::storage::{CacheSet, IndexEntry, LARGE_RECORD};
 
 /// Columns every stream batch starts with, in this order (the population's
 /// requested columns follow). `BASE_COLUMNS[c as usize]` names column `c`.
@@ -262,13 +263,13 @@ impl BatchContext {
     /// it already).
     pub fn build(&self, first: u64, draws: &[Draw], payload_bytes: u64) -> Result<RecordBatch> {
         let built = self.build_rows(first, draws, payload_bytes);
-        // A file cut short under its mapping reads as zeros (`storage::mapped`),
+        // A file cut short under its mapping reads as zeros (`os::mapped`),
         // whichever thread met the cut (the planner reads index entries too):
         // once any mapping of the process was cut, a batch is refused whole
         // when a file it reads from (a shard, an index, a metadata file, the
         // population's) is marked cut, with the error that names the file. A
         // few atomic loads, and none while nothing was ever cut.
-        if mapped::faults() != 0 {
+        if mapped::any_cut() {
             if let Some(error) = self.truncation() {
                 return Err(error);
             }

@@ -14,11 +14,19 @@
 //! goes to the previous handler (the default one kills, as before).
 //!
 //! Readers then find out in two ways: a record read as zeros fails its
-//! checksum, and a reader that compares `thread_faults()` before and after a
-//! read knows its own thread met a cut file during it, even for bytes it did
-//! not verify (the per-sample iterator's copy of a verified large record).
-//! `MappedFile::truncated` tells which mapping it was, for the error and for
-//! readiness; the cache is reopened (or refused) on the next request.
+//! checksum, and a read run in `scope` returns `Err(Cut)` when its thread met
+//! a cut file during it, even for bytes it did not verify (the per-sample
+//! iterator's copy of a verified large record). Reads spread over threads (a
+//! batch: the planner and the builder) ask `any_cut` once, and a watcher of
+//! all reads (`CutWatch`) whether a cut happened since it last looked; no
+//! caller compares counters. `MappedFile::truncated` tells which mapping it
+//! was, for the error and for readiness; the cache is reopened (or refused)
+//! on the next request.
+//!
+//! Writable mappings come only from `map_allocated`, which allocates the
+//! file's blocks first: a store into a hole of a full volume would raise a
+//! `SIGBUS` this handler does not absorb (it is not a cut file), so it must
+//! never happen (`os::allocate`).
 //!
 //! The hot path pays nothing: no check per record, one thread-local read per
 //! batch. docs/architecture.md ("Files that change under a reader") compares
@@ -64,10 +72,83 @@ thread_local! {
     static THREAD_FAULTS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// How many cut-file faults this thread has met (compare before and after a read).
+/// How many cut-file faults this thread has met.
 #[inline]
-pub fn thread_faults() -> u64 {
+fn thread_faults() -> u64 {
     THREAD_FAULTS.with(Cell::get)
+}
+
+/// A read met a file cut short under its mapping (the bytes past the cut
+/// read as zeros). The caller names the file (`truncation` of its cache or
+/// population) when it can; `Error::from` says what happened without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut;
+
+impl From<Cut> for crate::error::Error {
+    fn from(_: Cut) -> Self {
+        crate::error::Error::corrupt(
+            "<a mapped file>",
+            "a file was cut short while it was being read; the next request opens it again \
+             (and refuses it if it is still damaged)",
+        )
+    }
+}
+
+/// Run `read`, which reads mapped files on this thread: `Err(Cut)` when one
+/// of them was cut under it meanwhile (what it read may hold zeros).
+#[inline]
+pub fn scope<T>(read: impl FnOnce() -> T) -> Result<T, Cut> {
+    let before = thread_faults();
+    let value = read();
+    if thread_faults() == before {
+        Ok(value)
+    } else {
+        Err(Cut)
+    }
+}
+
+/// Whether any mapping of the process was ever cut (one atomic load): reads
+/// spread over threads check the files they used once this is true.
+#[inline]
+pub fn any_cut() -> bool {
+    faults() != 0
+}
+
+/// Whether reads met cut files since it last looked, on any thread.
+#[derive(Debug)]
+pub struct CutWatch {
+    seen: u64,
+}
+
+impl CutWatch {
+    pub fn new() -> Self {
+        CutWatch { seen: faults() }
+    }
+
+    /// True once for each batch of cuts met since the last call.
+    pub fn saw_new(&mut self) -> bool {
+        let now = faults();
+        let new = now != self.seen;
+        self.seen = now;
+        new
+    }
+}
+
+impl Default for CutWatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A writable mapping of `file`, `len` bytes long, every block of it
+/// allocated first (`os::allocate`): the only way the engine maps a file for
+/// writing, so that a full volume is an `ENOSPC` here, never a `SIGBUS` at a
+/// store.
+pub fn map_allocated(file: &File, len: u64) -> std::io::Result<memmap2::MmapMut> {
+    super::allocate(file, len)?;
+    // SAFETY: the file is one of the caller's scratch files, sized and
+    // allocated above; nobody else maps or truncates it while it is written.
+    unsafe { memmap2::MmapMut::map_mut(file) }
 }
 
 /// The system's page size (once a file is mapped).
@@ -78,7 +159,7 @@ pub fn page_size() -> usize {
 /// How many cut-file faults the process has met (a change means some mapping
 /// became `truncated`).
 #[inline]
-pub fn faults() -> u64 {
+fn faults() -> u64 {
     FAULTS.load(Ordering::Acquire)
 }
 
@@ -214,7 +295,7 @@ extern "C" fn on_sigbus(
     // SAFETY: the kernel passes a valid siginfo; everything below is atomics,
     // a thread-local `Cell` and the `mmap` system call.
     unsafe {
-        let errno = *libc::__errno_location();
+        let errno = *errno_location();
         let address = (*info).si_addr() as usize;
         let from_fault = (*info).si_code > 0; // not sent by kill() or raise()
         if from_fault {
@@ -235,14 +316,27 @@ extern "C" fn on_sigbus(
                     slot.truncated.store(true, Ordering::Release);
                     FAULTS.fetch_add(1, Ordering::AcqRel);
                     THREAD_FAULTS.with(|n| n.set(n.get() + 1));
-                    *libc::__errno_location() = errno;
+                    *errno_location() = errno;
                     return;
                 }
             }
         }
-        *libc::__errno_location() = errno;
+        *errno_location() = errno;
         chain(signal, info, context);
     }
+}
+
+/// The thread's `errno`, which a signal handler must leave as it found it.
+#[cfg(target_os = "linux")]
+unsafe fn errno_location() -> *mut libc::c_int {
+    // SAFETY: always valid for the calling thread.
+    unsafe { libc::__errno_location() }
+}
+
+#[cfg(not(target_os = "linux"))]
+unsafe fn errno_location() -> *mut libc::c_int {
+    // SAFETY: always valid for the calling thread (BSDs and macOS).
+    unsafe { libc::__error() }
 }
 
 /// Hand a fault that is not ours to the handler installed before ours.

@@ -60,9 +60,8 @@ unsafe fn copy_streaming(src: &[u8], dst: *mut u8) {
     let len = src.len();
     let head = dst.align_offset(LANE).min(len);
     let body_end = head + (len - head) / LANE * LANE;
-    // SAFETY (every block below): offsets stay below `len`; `dst + head` is
-    // aligned to 16 bytes, as `_mm_stream_si128` requires; the loads are
-    // unaligned ones.
+    // SAFETY: offsets stay below `len`; `dst + head` is aligned to 16
+    // bytes, as `_mm_stream_si128` requires; the loads are unaligned ones.
     unsafe {
         std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
         let copy_lane = |at: usize| {
