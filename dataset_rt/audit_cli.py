@@ -164,6 +164,8 @@ def _run(args: argparse.Namespace) -> int:
         # LookupError (NotFoundError); one line, whatever the message holds.
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        raise  # stdout's reader went away: `cli.main` stops quietly
     except OSError as error:
         # A damaged cache, a failed write: not the input's fault (exit 1), one line.
         print(f"error: {_one_line(error)}", file=sys.stderr)

@@ -194,6 +194,9 @@ class BatchLoader:
         )
         if pinned.population is None or pinned.epoch_len is None:
             raise InternalError(f"the source did not pin the request: {pinned!r}")
+        #: The population this loader was built to read, when it named one (not
+        #: the active one by default): a loaded state that reads another says so.
+        self._named_population = pinned.population if population is not None else None
         self._state = RunState(
             dataset=dataset,
             seed=seed,
@@ -248,7 +251,9 @@ class BatchLoader:
         world size, batch size and workers.
 
         The loader's own dataset must be the state's; its seed, epoch length,
-        columns, shuffle and population segments become the state's.
+        columns, shuffle and population segments become the state's. A
+        ``UserWarning`` names each setting the state replaces (the population
+        too, when the loader was built with ``population=`` another one).
         """
         loaded = RunState.from_dict(state)
         if loaded.dataset != self._state.dataset:
@@ -263,6 +268,10 @@ class BatchLoader:
             for key in ("seed", "shuffle", "columns", "epoch_len")
             if getattr(loaded, key) != getattr(self._state, key)
         ]
+        # The population the resumed run reads next (the state's segments decide).
+        reads = loaded.population_at(loaded.epoch_start + loaded.position)
+        if self._named_population is not None and reads != self._named_population:
+            replaced.append(f"population {self._named_population!r} -> {reads!r}")
         if replaced:
             warnings.warn(
                 f"load_state_dict: the state's settings replace this loader's "

@@ -7,8 +7,10 @@ With no arguments it runs a small self-contained demo (writes a cache under
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator, Sequence
+from contextlib import suppress
 from pathlib import Path
 
 from dataset_rt import _native
@@ -29,6 +31,19 @@ def _human_bytes(n: int) -> str:
             return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
         size /= 1024
     return f"{n} B"  # pragma: no cover
+
+
+def _end_progress_line() -> None:
+    """End the line the engine's progress bar was left on, after a command that
+    drew one (on stderr, only at a terminal).
+
+    A finished bar (indicatif) stays on screen with the cursor after its last
+    character, so the command's "ok:" line would continue the bar's line. On a
+    terminal that wraps at the bar's padded width this newline only moves to
+    the next line, as the wrap would have."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+        sys.stderr.flush()
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -66,6 +81,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _upload(args: argparse.Namespace) -> int:
     """Publish a cache on object storage (credentials from the AWS_* environment)."""
     report = _native.upload_cache(str(args.cache), args.url, show_progress=sys.stderr.isatty())
+    if report.uploaded:  # else no bar was drawn
+        _end_progress_line()
     done = "uploaded" if report.uploaded else "already published, nothing sent"
     print(
         f"ok: {args.cache} -> {report.url}: {done} ({_human_bytes(report.bytes)}, "
@@ -125,6 +142,7 @@ def _import(args: argparse.Namespace) -> int:
     except (InvalidArgumentError, SourceError, SchemaMismatchError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    _end_progress_line()
     info = _native.inspect_cache(str(path))
     print(
         f"ok: {args.name} -> {path}: {info.record_count} records, "
@@ -249,10 +267,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         args = parser.parse_args(["demo"])
     try:
-        return int(args.run(args))
-    except (DatasetRTError, ValueError, ImportError, AttributeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        try:
+            code = int(args.run(args))
+            sys.stdout.flush()  # a reader that went away shows here, not at exit
+        except (DatasetRTError, ValueError, ImportError, AttributeError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+    except BrokenPipeError:
+        return _reader_went_away()
+    return code
+
+
+def _reader_went_away() -> int:
+    """stdout's reader stopped reading (``inspect --json | head``): stop quietly
+    and exit 1, as Unix tools do, with no traceback. stdout now points to
+    /dev/null: Python flushes it again at exit, and the output it still holds
+    would fail the same way."""
+    with suppress(OSError, ValueError):  # ValueError: a stdout without a file
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -164,7 +164,7 @@ class DatasetClient:
         if population is None:
             population = str(self.populations(dataset)["active"]["population"])
         body: dict[str, Any] = {"dataset": dataset, "metadata": True, "population": population}
-        schema = self._metadata_schema(flight.Ticket(json.dumps(body).encode()))
+        schema = self._metadata_schema(json.dumps(body).encode())
 
         def open_batches(columns: list[str] | None) -> Iterator[pa.RecordBatch]:
             query = body if columns is None else {**body, "columns": columns}
@@ -172,11 +172,24 @@ class DatasetClient:
 
         return scan_batches(schema, open_batches, name=f"flight population {dataset}/{population}")
 
-    def _metadata_schema(self, ticket: flight.Ticket) -> pa.Schema:
+    def _metadata_schema(self, command: bytes) -> pa.Schema:
+        """The schema of a metadata ticket's stream, asked with ``get_schema``:
+        no stream is opened only to be cancelled (the server would log the
+        request CANCELLED, a fenced run's status).
+
+        When ``get_schema`` fails, the stream is opened for its schema instead,
+        as before: pyarrow raises ``get_schema``'s failures without their Flight
+        class (a bare ``OSError`` or ``ArrowException``), while ``do_get`` raises
+        them with it (UNAVAILABLE goes on to the next location, a user error
+        does not), and a server older than ``get_schema`` answers UNIMPLEMENTED."""
         errors: list[str] = []
+        descriptor = flight.FlightDescriptor.for_command(command)
         for location in self.locations:
             try:
-                reader = self._client(location).do_get(ticket, options=self._options)
+                client = self._client(location)
+                with suppress(OSError, pa.ArrowException):
+                    return client.get_schema(descriptor, options=self._options).schema
+                reader = client.do_get(flight.Ticket(command), options=self._options)
                 try:
                     return reader.schema
                 finally:

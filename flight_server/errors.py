@@ -61,26 +61,56 @@ class NotFound(ClientError, pa.ArrowKeyError):  # type: ignore[misc]
 
 
 class Redactor:
-    """Replaces the server's own paths in messages by names (``<state>``, ...)."""
+    """Replaces the server's own paths in messages by names (``<state>``, ...),
+    and any other absolute path by ``<path>``.
+
+    A path is replaced where it stands as a path, not where its text is part of
+    a word or of a longer path: a state directory given as ``state`` (relative,
+    one part) is named in ``state/runs/x.json``, never in the words "cannot
+    save its state" (a one-part relative path is replaced only where a path goes
+    on from it). One pass over the message: what follows a name
+    (``<state>/runs/x.json``) is not taken for another path.
+    """
 
     def __init__(self, names: Mapping[Path, str] | None = None) -> None:
         pairs: dict[str, str] = {}
         for path, name in (names or {}).items():
             for form in (str(path), str(path.absolute()), str(path.resolve())):
-                pairs.setdefault(form, name)
+                if form not in ("", "."):
+                    pairs.setdefault(form, name)
         # Longest first, so that a cache inside the state directory keeps its name.
-        self._pairs = sorted(pairs.items(), key=lambda pair: -len(pair[0]))
+        ordered = sorted(pairs.items(), key=lambda pair: -len(pair[0]))
+        self._names = [name for _, name in ordered]
+        alternatives = [f"(?P<n{i}>{_path_pattern(text)})" for i, (text, _) in enumerate(ordered)]
+        self._pattern = re.compile("|".join([*alternatives, f"(?P<other>{_ABSOLUTE_PATH})"]))
 
     def __call__(self, message: str) -> str:
-        for text, name in self._pairs:
-            message = message.replace(text, name)
-        # Any other absolute path (a temporary file, a system file) is the
-        # server's business too.
-        return _ABSOLUTE_PATH.sub("<path>", message)
+        return self._pattern.sub(self._name_of, message)
+
+    def _name_of(self, match: re.Match[str]) -> str:
+        group = match.lastgroup
+        if group is None or group == "other":
+            # Any other absolute path (a temporary file, a system file) is the
+            # server's business too.
+            return "<path>"
+        return self._names[int(group[1:])]
 
 
+def _path_pattern(text: str) -> str:
+    """Where ``text`` (a path) stands as a path in a message: not inside a word
+    or a longer path, and, for a one-part relative path (a bare word), only
+    with a path going on from it."""
+    bare_word = not text.startswith("/") and "/" not in text.rstrip("/")
+    return _PATH_START + re.escape(text) + ("(?=/)" if bare_word else _PATH_END)
+
+
+#: Before a path: not a path character (a path inside a longer one is not it).
+_PATH_START = r"(?<![\w.@+/-])"
+#: After a path: its end (a sentence's full stop included), or a separator and
+#: more of it.
+_PATH_END = r"(?![\w@+-]|\.[\w.@+-])"
 #: An absolute path of two or more parts, not inside a word or URL.
-_ABSOLUTE_PATH = re.compile(r"(?<![\w:/<.])/(?:[\w.@+-]+/)+[\w.@+-]*")
+_ABSOLUTE_PATH = r"(?<![\w:/<.])/(?:[\w.@+-]+/)+[\w.@+-]*"
 
 
 #: What a client is told when the server's volume is full (the error's own

@@ -179,6 +179,29 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     def get_flight_info(
         self, context: Any, descriptor: flight.FlightDescriptor
     ) -> flight.FlightInfo:
+        return self._flight_info(descriptor)
+
+    @_flight_errors
+    def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
+        """The schema of what a descriptor names, without a stream: a dataset
+        (a path) or a stream command (those of `get_flight_info`), or a metadata
+        command ``{"dataset", "metadata": true, "population"?, "columns"?}``:
+        the schema of that ticket's stream (`DatasetClient.scan_metadata` asks
+        it, so that a scan opens no stream only to read its schema)."""
+        if descriptor.descriptor_type == flight.DescriptorType.CMD:
+            parsed = engine.parse_ticket(descriptor.command)
+            if isinstance(parsed, engine.MetadataRequest):
+                self._note_request(parsed)
+                service = self.catalog.get(parsed.dataset)
+                stream = service.metadata_stream(parsed.population, parsed.columns)
+                reader = pa.RecordBatchReader.from_stream(stream)
+                try:
+                    return flight.SchemaResult(reader.schema)
+                finally:
+                    reader.close()
+        return flight.SchemaResult(self._flight_info(descriptor).schema)
+
+    def _flight_info(self, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
             if len(descriptor.path) != 1:
                 raise ProtocolError("a path descriptor names one dataset: [NAME]")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -78,6 +79,30 @@ def test_inspect_json_is_the_manifest(cache: Path) -> None:
     assert info["path"] == str(cache)
     assert info["record_count"] == 30
     assert [c["name"] for c in info["columns"]] == ["label", "score", "flag", "name"]
+
+
+@pytest.mark.parametrize("args", [("inspect", "--json"), ("inspect",), ("verify",)])
+def test_a_reader_that_stops_early_ends_the_command_quietly(
+    cache: Path, args: tuple[str, ...]
+) -> None:
+    """``inspect --json CACHE | head``: the reader goes away before the output is
+    written. The command stops as Unix tools do (non-zero, nothing on stderr),
+    with no ``BrokenPipeError`` traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "dataset_rt", *args, str(cache)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 1
 
 
 def test_verify_a_good_cache(cache: Path) -> None:

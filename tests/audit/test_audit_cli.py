@@ -199,6 +199,30 @@ def test_bad_inputs_are_named(
     assert "a state file fixes --seed" in capsys.readouterr().err
 
 
+def test_a_reader_that_stops_early_ends_the_report_quietly(
+    source: LocalSource, tmp_path: Path
+) -> None:
+    """``audit ... --group label | head``: the report's reader goes away; the
+    command stops non-zero with nothing on stderr (no "error: [Errno 32] Broken
+    pipe", no traceback)."""
+    import os
+
+    population = source.put(balanced(source.metadata()), activate=False)
+    state = saved_state(source, population, tmp_path / "s.json")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dataset_rt", "audit", str(state), *where(source),
+             "--group", "label"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 1
+
+
 def test_a_terminal_gets_a_progress_bar(source: LocalSource, tmp_path: Path) -> None:
     """On a terminal (a pseudo-terminal here) the manifest's progress is drawn
     on stderr; piped, nothing but the result lines."""

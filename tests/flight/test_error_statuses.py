@@ -16,7 +16,7 @@ from conftest import ListSource
 import dataset_rt as drt
 from flight_client import DatasetClient
 from flight_server import Catalog, DatasetSpec
-from flight_server.errors import ProtocolError, to_flight_error
+from flight_server.errors import ProtocolError, Redactor, to_flight_error
 
 from .conftest import DATASET, message, serve, ticket
 
@@ -61,6 +61,45 @@ def test_each_error_class_maps_to_one_status(
     else:
         assert "what went wrong" in str(mapped)
     assert "/srv/state" not in str(mapped), "no server path reaches a client"
+
+
+def test_server_paths_are_named_where_they_stand_as_paths_never_inside_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state directory given as ``state`` (relative) is named ``<state>`` in
+    ``state/runs/x.json``, not in the words of a message ("cannot save its
+    state"); a path inside a longer one is not it."""
+    monkeypatch.chdir(tmp_path)
+    redact = Redactor({Path("state"): "<state>", Path("caches/demo"): "<cache demo>"})
+    words = "It stops here and cannot save its state, so it cannot overwrite the checkpoint"
+    assert redact(words) == words
+    assert redact("cannot read state/runs/x.json") == "cannot read <state>/runs/x.json"
+    assert redact(f"cannot read {tmp_path}/state/runs/x.json.") == (
+        "cannot read <state>/runs/x.json."
+    )
+    assert redact(f"no directory {tmp_path}/state.") == "no directory <state>."
+    assert redact("caches/demo/shard-00001.bin is damaged") == (
+        "<cache demo>/shard-00001.bin is damaged"
+    )
+    assert redact("caches/demo2/shard-00001.bin") == "caches/demo2/shard-00001.bin"
+    assert redact(f"{tmp_path}/state2/x") == "<path>"  # another directory: not the state
+
+
+def test_a_fenced_run_is_told_in_the_servers_words_with_a_relative_state_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: drt.DatasetRuntime
+) -> None:
+    """``--state-dir state``: the fencing message says "cannot save its state",
+    not "cannot save its <state>"."""
+    monkeypatch.chdir(tmp_path)
+    write_cache(Path("caches"), runtime)
+    relative = Catalog([DatasetSpec(DATASET, (Path("caches/plain"),))], "state", runtime)
+    run = "3c1f" * 8
+    with serve(relative) as server, DatasetClient(server.location) as client:
+        assert client.claim_run(DATASET, run, after=0, epoch=0, position=8) == 1
+        with pytest.raises(drt.FencedError, match="resumed elsewhere") as fenced:
+            client.check_run(DATASET, run, 0)
+    assert "cannot save its state, so" in str(fenced.value)
+    assert "<state>" not in str(fenced.value)
 
 
 def test_internal_errors_are_retried_by_the_client_and_user_errors_are_not() -> None:

@@ -7,6 +7,7 @@ one failing midway stores nothing."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -21,9 +22,9 @@ import pytest
 from conftest import many_batches, raising_on_batch
 
 from flight_client import DatasetClient
-from flight_server import DatasetFlightServer
+from flight_server import Catalog, DatasetFlightServer
 
-from .conftest import DATASET, ROWS, message, reweighted
+from .conftest import DATASET, ROWS, message, reweighted, serve
 
 
 def balanced(frame: Any) -> Any:
@@ -58,6 +59,27 @@ def test_scan_equals_get_before_and_after_an_update(client: DatasetClient) -> No
     older = client.scan_metadata(DATASET, first).collect()
     assert older.equals(client.get_metadata(DATASET, first))
     assert older.height == ROWS
+
+
+def test_every_request_of_a_scan_ends_ok(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A scan asks the metadata's schema with ``get_schema``, opening no stream
+    only to cancel it: every request of a scan read to its end is OK in the
+    server's log (CANCELLED is a fenced run's status, docs/flight-protocol.md)."""
+    with (
+        caplog.at_level(logging.INFO, logger="flight_server.requests"),
+        serve(catalog) as server,
+        DatasetClient(server.location) as client,
+    ):
+        scan = client.scan_metadata(DATASET)
+        assert scan.collect().height == ROWS
+        assert scan.filter(pl.col("label") == 1).select("name").collect().height > 0
+    # The server has shut down: every stream it served has ended and logged.
+    lines = [r.request for r in caplog.records]  # type: ignore[attr-defined]
+    assert [line["method"] for line in lines].count("do_get") == 2, lines
+    assert "get_schema" in [line["method"] for line in lines]
+    assert {line["status"] for line in lines} == {"OK"}, lines
 
 
 def test_a_scan_reads_the_population_active_when_it_was_made(client: DatasetClient) -> None:
@@ -107,6 +129,36 @@ def test_a_metadata_ticket_sends_the_columns_it_names(
         read(columns=[])
     with pytest.raises(pa.ArrowInvalid, match="'label' twice"):
         read(columns=["label", "weight", "label"])
+
+
+def test_get_schema_answers_a_tickets_schema_without_a_stream(
+    client: DatasetClient, raw: flight.FlightClient
+) -> None:
+    """``get_schema`` of a metadata command is the schema of that ticket's
+    stream (the columns it names, in that order); of a path or a stream
+    command, the schema ``get_flight_info`` gives."""
+    client.update_metadata(DATASET, annotated(client.get_metadata(DATASET)))
+
+    def schemas(body: dict[str, Any]) -> tuple[pa.Schema, pa.Schema]:
+        raw_body = json.dumps(body).encode()
+        asked = raw.get_schema(flight.FlightDescriptor.for_command(raw_body)).schema
+        return asked, raw.do_get(flight.Ticket(raw_body)).read_all().schema
+
+    metadata = {"dataset": DATASET, "metadata": True}
+    asked, streamed = schemas(metadata)
+    assert asked == streamed
+    assert asked.names[-2:] == ["extra", "length"]
+    asked, streamed = schemas(metadata | {"columns": ["weight", "sample_id"]})
+    assert asked == streamed
+    assert asked.names == ["weight", "sample_id"]
+    path = flight.FlightDescriptor.for_path(DATASET)
+    assert raw.get_schema(path).schema == raw.get_flight_info(path).schema
+    epoch = {"dataset": DATASET, "seed": 1, "epoch": 0, "columns": ["label"]}
+    command = flight.FlightDescriptor.for_command(json.dumps(epoch).encode())
+    assert raw.get_schema(command).schema == raw.get_flight_info(command).schema
+    bad = json.dumps(metadata | {"columns": ["nope"]}).encode()
+    with pytest.raises(pa.ArrowInvalid, match="unknown column 'nope'"):
+        raw.get_schema(flight.FlightDescriptor.for_command(bad))
 
 
 def test_a_scan_asks_the_server_for_the_columns_it_reads(

@@ -15,7 +15,7 @@ import dataset_rt as drt
 from dataset_rt.loader import LocalSource
 from dataset_rt.torch import DatasetLoader
 
-from .conftest import DATASET, RECORDS, SEED
+from .conftest import DATASET, RECORDS, SEED, only_label
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +65,25 @@ def test_a_state_that_replaces_the_loaders_seed_says_so(source: LocalSource) -> 
     assert other.state_dict()["seed"] == SEED
     same = loader(source)
     same.load_state_dict(saved)  # the same settings: no warning (warnings are errors here)
+
+
+def test_a_state_that_replaces_the_loaders_population_says_so_naming_both(
+    source: LocalSource,
+) -> None:
+    """A loader built with ``population=`` one id that loads a state of another
+    (of the same dataset) reads the state's, as a resumed run must, and is told
+    so as it is of a seed or epoch length the state replaces."""
+    saved = loader(source).state_dict()
+    (_, started), *_ = saved["segments"]
+    other = source.put(only_label(source.metadata(), 1), activate=False)
+    assert other != started
+    built = loader(source, population=other)
+    with pytest.warns(UserWarning, match=rf"population '{other}' -> '{started}'"):
+        built.load_state_dict(saved)
+    assert built.state_dict()["segments"] == saved["segments"]
+    # The state's own population, or none named (the active one): no warning.
+    loader(source, population=started).load_state_dict(saved)
+    loader(source).load_state_dict(saved)
 
 
 def _worker_pid(sample: dict[str, object]) -> dict[str, object]:

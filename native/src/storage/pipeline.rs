@@ -378,9 +378,9 @@ fn progress_bar(name: &str, total: Option<u64>) -> ProgressBar {
     // The stderr target draws only when stderr is a terminal.
     let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
     let template = if total.is_some() {
-        "{prefix} {bar:30} {pos}/{len} records · {per_sec} · {msg} · ETA {eta}"
+        "{prefix} {bar:30} {pos}/{len} records · {per_sec:0} · {msg} · ETA {eta}"
     } else {
-        "{prefix} {spinner} {pos} records · {per_sec} · {msg}"
+        "{prefix} {spinner} {pos} records · {per_sec:0} · {msg}"
     };
     if let Ok(style) = ProgressStyle::with_template(template) {
         bar.set_style(style);
