@@ -10,6 +10,7 @@
 pub mod dataset;
 pub mod error;
 pub mod hash;
+pub mod ids;
 mod os;
 pub mod population;
 pub mod remote;
@@ -20,6 +21,7 @@ pub mod service;
 pub mod storage;
 pub mod stream;
 mod warmup;
+pub mod wire;
 pub mod workers;
 
 #[cfg(feature = "python")]

@@ -13,9 +13,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::population::check_population_id;
-use crate::run::RunId;
+pub use crate::ids::PopulationId;
+use crate::ids::RunId;
 use crate::sampling::{Partition, ShuffleMode, StreamWindow};
+pub(crate) use crate::wire::deserialize;
 
 /// Largest command or ticket accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -87,32 +88,6 @@ fn one() -> u64 {
 
 fn one_block() -> NonZeroU64 {
     NonZeroU64::MIN
-}
-
-/// A population id: 32 lowercase hex digits (a content hash).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct PopulationId(String);
-
-impl TryFrom<String> for PopulationId {
-    type Error = Error;
-
-    fn try_from(value: String) -> Result<Self> {
-        check_population_id(&value)?;
-        Ok(PopulationId(value))
-    }
-}
-
-impl From<PopulationId> for String {
-    fn from(value: PopulationId) -> String {
-        value.0
-    }
-}
-
-impl PopulationId {
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
 /// What a `do_get` ticket asks for.
@@ -308,29 +283,6 @@ fn decode(raw: &[u8], what: &str) -> Result<Value> {
         )));
     }
     Ok(value)
-}
-
-/// Deserialize with the failing key named: "'seed': invalid type: ...".
-pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T> {
-    serde_path_to_error::deserialize(value).map_err(|error| {
-        let path = error.path().to_string();
-        // serde quotes names with backticks and names Rust types; the protocol's
-        // messages use 'key' and say what JSON value would be valid.
-        let inner = error
-            .inner()
-            .to_string()
-            .replace('`', "'")
-            .replace("a nonzero u64", "an integer >= 1 (below 2**64)")
-            .replace("expected u64", "expected an integer >= 0 (below 2**64)");
-        match path.split_once('[') {
-            _ if path == "." => Error::invalid(format!("{inner} in the {what}")),
-            Some((key, item)) => Error::invalid(format!(
-                "'{key}' in the {what}: item {}: {inner}",
-                item.trim_end_matches(']')
-            )),
-            None => Error::invalid(format!("'{path}' in the {what}: {inner}")),
-        }
-    })
 }
 
 /// The kind of a JSON value, as Python names it (clients are mostly Python).

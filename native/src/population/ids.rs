@@ -21,7 +21,7 @@ use arrow_array::{ArrayRef, ArrowPrimitiveType, Int64Array, PrimitiveArray, UInt
 use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Schema};
 
-use super::rows::{split_key, ROWS_HEADER, SAMPLE_BITS};
+use super::key::{split_key, ROWS_HEADER, SAMPLE_BITS};
 use crate::error::{Error, Result};
 use crate::os::mapped::MappedFile;
 use crate::storage::Slab;

@@ -6,6 +6,7 @@
 
 mod column_types;
 mod ids;
+mod key;
 mod remote;
 mod rows;
 mod scratch;
@@ -26,13 +27,13 @@ use crate::error::{Error, Result};
 use crate::sampling::AliasTable;
 use crate::storage::CacheSet;
 
+pub use crate::ids::check_population_id;
+pub use remote::ActivePopulation;
 pub use rows::{caches_key, PopulationRows};
 pub use scratch::{library_scratch_dir, TEMP_PREFIX};
-pub use store::{
-    canonical, check_population_id, ActivationLock, ActivePopulation, PopulationStore,
-};
+pub use store::{ActivationLock, PopulationStore};
 pub use table::{ChunkedColumn, Chunks, MappedTable};
-pub use table_id::table_id;
+pub use table_id::{canonical, table_id};
 pub use validate::validate_table;
 pub use writer::{write_population, PopulationWriter, WrittenPopulation};
 

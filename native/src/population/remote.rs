@@ -51,8 +51,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::store::{check_population_id, ActivePopulation};
 use crate::error::{Error, Result};
+use crate::ids::check_population_id;
 use crate::remote::Bucket;
 
 /// Rounds an activation retries when others keep winning before it gives up.
@@ -78,6 +78,14 @@ struct LogEntry {
 #[serde(deny_unknown_fields)]
 struct Checkpoint {
     seq: u64,
+}
+
+/// What the newest valid entry of the log says: the active population.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActivePopulation {
+    pub population: String,
+    pub epoch_len: u64,
 }
 
 /// The newest log entry this process has seen.

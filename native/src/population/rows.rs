@@ -28,6 +28,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::ids::{Keys, KeysFile};
+use super::key::{MAX_CACHES, MAX_SAMPLE_ID, ROWS_HEADER, SAMPLE_BITS, SAMPLE_MASK};
 use super::scratch::ScratchFile;
 use crate::error::{Error, IoContext, Result};
 use crate::hash::{xxh3_64, Xxh3};
@@ -42,22 +43,8 @@ const MAGIC: &[u8; 8] = b"DRTROWS1";
 /// replica not yet upgraded cannot serve such a table without its ids.
 const VERSION: u32 = 2;
 const VERSIONS_READ: std::ops::RangeInclusive<u32> = 1..=VERSION;
-const HEADER: usize = 64;
-/// Where the keys start.
-pub const ROWS_HEADER: usize = HEADER;
-/// Bits of a key that hold the sample id; the cache position is above them.
-pub const SAMPLE_BITS: u32 = 40;
-const SAMPLE_MASK: u64 = (1 << SAMPLE_BITS) - 1;
-/// Sample ids and cache positions a key can hold.
-pub const MAX_SAMPLE_ID: u64 = SAMPLE_MASK;
-pub const MAX_CACHES: usize = 1 << (64 - SAMPLE_BITS);
+const HEADER: usize = ROWS_HEADER;
 const WRITE_BUFFER: usize = 1 << 20;
-
-/// A key's (cache position, sample id).
-#[inline]
-pub fn split_key(key: u64) -> (u64, u64) {
-    (key >> SAMPLE_BITS, key & SAMPLE_MASK)
-}
 
 /// A population's records and alias table, mapped.
 pub struct PopulationRows {

@@ -34,8 +34,8 @@
 
 use std::fs::{self, File, OpenOptions};
 
+use crate::ids::RunId;
 use crate::run::fence::{Claim, Runs};
-use crate::run::RunId;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -45,8 +45,6 @@ use super::PopulationRows;
 use crate::hash::xxh3_128;
 use arrow_array::RecordBatch;
 use arrow_ipc::writer::StreamWriter;
-use arrow_schema::{DataType, Field, Schema};
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
 use crate::storage::publish::fsync_dir;
@@ -55,48 +53,14 @@ use crate::storage::temp::{remove_abandoned, LockedTemp};
 const POPULATIONS: &str = "populations";
 const ACTIVE: &str = "active.json";
 const ACTIVATION_LOCK: &str = "active.lock";
-use super::remote::RemoteLog;
+use super::remote::{ActivePopulation, RemoteLog};
 use super::scratch::TEMP_PREFIX;
+use super::table_id::canonical;
 use super::writer::{write_population, WrittenPopulation};
 use super::Population;
+use crate::ids::check_population_id;
 use crate::remote::Bucket;
 use crate::storage::CacheSet;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ActivePopulation {
-    pub population: String,
-    pub epoch_len: u64,
-}
-
-/// The representation a population is stored and named in, so that the same
-/// logical table gets the same id whichever client encoded it: every string
-/// column (view, large or dictionary-encoded) as plain Utf8, every field
-/// nullable, no schema metadata.
-pub fn canonical(table: &RecordBatch) -> Result<RecordBatch> {
-    let mut fields = Vec::with_capacity(table.num_columns());
-    let mut columns = Vec::with_capacity(table.num_columns());
-    for (field, column) in table.schema().fields().iter().zip(table.columns()) {
-        let is_string =
-            |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
-        let target = match field.data_type() {
-            DataType::LargeUtf8 | DataType::Utf8View => DataType::Utf8,
-            DataType::Dictionary(_, value) if is_string(value) => DataType::Utf8,
-            other => other.clone(),
-        };
-        let column = if &target == column.data_type() {
-            column.clone()
-        } else {
-            arrow_cast::cast(column, &target)?
-        };
-        fields.push(Field::new(field.name(), target, true));
-        columns.push(column);
-    }
-    Ok(RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        columns,
-    )?)
-}
 
 pub struct PopulationStore {
     /// Where this process maps population files: the store's directory, or
@@ -111,21 +75,6 @@ pub struct PopulationStore {
     /// store (its lock file is in the store, not in a mirror): removal needs
     /// it, so that no activation of a population being removed is under way.
     lock_is_shared: bool,
-}
-
-/// A population id: 32 lowercase hex digits.
-pub fn check_population_id(id: &str) -> Result<()> {
-    if id.len() == 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        Ok(())
-    } else {
-        Err(Error::invalid(format!(
-            "population id {id:?} is malformed; a population id is 32 lowercase hex digits"
-        )))
-    }
 }
 
 /// The right to change the active pointer: an exclusive lock on
@@ -539,6 +488,7 @@ fn is_temp(file_name: &str) -> bool {
 mod tests {
     use super::*;
     use arrow_array::{Float64Array, UInt64Array};
+    use arrow_schema::{DataType, Field, Schema};
 
     /// A cache of one record, for reading tables that need none of it.
     fn caches(dir: &tempfile::TempDir) -> CacheSet {

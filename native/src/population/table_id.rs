@@ -29,6 +29,35 @@ use super::table::{Chunks, MappedTable};
 use crate::error::{Error, Result};
 use crate::hash::xxh3_128;
 
+/// The representation a population is stored and named in, so that the same
+/// logical table gets the same id whichever client encoded it: every string
+/// column (view, large or dictionary-encoded) as plain Utf8, every field
+/// nullable, no schema metadata.
+pub fn canonical(table: &RecordBatch) -> Result<RecordBatch> {
+    let mut fields = Vec::with_capacity(table.num_columns());
+    let mut columns = Vec::with_capacity(table.num_columns());
+    for (field, column) in table.schema().fields().iter().zip(table.columns()) {
+        let is_string =
+            |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+        let target = match field.data_type() {
+            DataType::LargeUtf8 | DataType::Utf8View => DataType::Utf8,
+            DataType::Dictionary(_, value) if is_string(value) => DataType::Utf8,
+            other => other.clone(),
+        };
+        let column = if &target == column.data_type() {
+            column.clone()
+        } else {
+            arrow_cast::cast(column, &target)?
+        };
+        fields.push(Field::new(field.name(), target, true));
+        columns.push(column);
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
 /// The id of the table stored in `table` (see the module's header). A table
 /// that leaves its identity columns out (`ids.rs`) is hashed with them, made
 /// from `keys`, its rows file's.

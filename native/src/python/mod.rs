@@ -10,6 +10,7 @@ mod config;
 mod dataset;
 mod errors;
 mod ingest;
+mod json;
 mod partition;
 mod request;
 mod run_state;

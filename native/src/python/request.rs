@@ -2,10 +2,11 @@
 //! tests build and read the engine's own request type (see `crate::request`).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
-use serde_json::{Map, Number, Value};
+use pyo3::types::PyDict;
+use serde_json::{Map, Value};
 
 use super::errors::IntoPyResult;
+use super::json::{to_json, to_python};
 use crate::error::Error;
 use crate::request::{self, Ticket};
 
@@ -54,7 +55,7 @@ impl StreamRequest {
         let value = serde_json::to_value(&self.inner)
             .map_err(|e| Error::internal(format!("cannot encode the request: {e}")))
             .py()?;
-        super::run_state::to_python(py, &value)
+        to_python(py, &value)
     }
 
     /// The ticket of rank `rank` (offset 0 unless this request has one).
@@ -228,54 +229,4 @@ pub fn parse_ticket(py: Python<'_>, raw: &[u8]) -> PyResult<Py<PyAny>> {
         )?
         .into_any(),
     })
-}
-
-/// A Python value as JSON (the types the protocol's keys take).
-pub(super) fn to_json(value: &Bound<'_, PyAny>) -> Result<Value, String> {
-    if let Ok(b) = value.cast::<PyBool>() {
-        return Ok(Value::Bool(b.is_true()));
-    }
-    if value.cast::<PyInt>().is_ok() {
-        if let Ok(n) = value.extract::<u64>() {
-            return Ok(Value::Number(n.into()));
-        }
-        if let Ok(n) = value.extract::<i64>() {
-            return Ok(Value::Number(n.into()));
-        }
-        return Err("is an integer outside the 64-bit range".into());
-    }
-    if let Ok(f) = value.cast::<PyFloat>() {
-        return Number::from_f64(f.value())
-            .map(Value::Number)
-            .ok_or_else(|| "must be a finite number".into());
-    }
-    if let Ok(s) = value.cast::<PyString>() {
-        return Ok(Value::String(s.to_string()));
-    }
-    if let Ok(dict) = value.cast::<PyDict>() {
-        let mut object = Map::new();
-        for (key, item) in dict.iter() {
-            let key: String = key
-                .extract()
-                .map_err(|_| "has a key that is not a string".to_string())?;
-            let item = to_json(&item).map_err(|detail| format!("'{key}' {detail}"))?;
-            object.insert(key, item);
-        }
-        return Ok(Value::Object(object));
-    }
-    if value.cast::<PyList>().is_ok() || value.cast::<PyTuple>().is_ok() {
-        let mut items = Vec::new();
-        for item in value.try_iter().map_err(|e| e.to_string())? {
-            items.push(to_json(&item.map_err(|e| e.to_string())?)?);
-        }
-        return Ok(Value::Array(items));
-    }
-    Err(format!(
-        "has an unsupported type {}",
-        value
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default()
-    ))
 }

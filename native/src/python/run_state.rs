@@ -4,12 +4,13 @@
 use std::num::NonZeroU64;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict};
 use serde_json::Value;
 
 use super::args::shuffle_mode;
 use super::errors::IntoPyResult;
-use super::request::{to_json, StreamRequest};
+use super::json::{to_json, to_python};
+use super::request::StreamRequest;
 use crate::error::Error;
 use crate::request::PopulationId;
 use crate::run::{self, RunStart};
@@ -37,38 +38,6 @@ fn positive(name: &str, value: u64) -> PyResult<NonZeroU64> {
 
 fn population_id(value: &str) -> PyResult<PopulationId> {
     PopulationId::try_from(value.to_string()).py()
-}
-
-/// JSON as Python objects (dicts, lists, ints, strings, booleans, None).
-pub(super) fn to_python(py: Python<'_>, value: &Value) -> PyResult<Py<PyAny>> {
-    Ok(match value {
-        Value::Null => py.None(),
-        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any().unbind(),
-        Value::Number(n) => match n.as_u64() {
-            Some(u) => u.into_pyobject(py)?.into_any().unbind(),
-            None => n
-                .as_f64()
-                .unwrap_or(f64::NAN)
-                .into_pyobject(py)?
-                .into_any()
-                .unbind(),
-        },
-        Value::String(s) => s.into_pyobject(py)?.into_any().unbind(),
-        Value::Array(items) => {
-            let list = PyList::empty(py);
-            for item in items {
-                list.append(to_python(py, item)?)?;
-            }
-            list.into_any().unbind()
-        }
-        Value::Object(map) => {
-            let dict = PyDict::new(py);
-            for (key, item) in map {
-                dict.set_item(key, to_python(py, item)?)?;
-            }
-            dict.into_any().unbind()
-        }
-    })
 }
 
 #[pymethods]

@@ -29,11 +29,11 @@ pub use history::{Span, Taken};
 pub use plan::Part;
 
 use crate::error::{Error, Result};
-use crate::hash::xxh3_128;
-use crate::request::{deserialize, PopulationId};
+use crate::ids::PopulationId;
+pub use crate::ids::RunId;
 use crate::sampling::{ShuffleMode, MAX_WORLD_SIZE};
 use crate::storage::publish::validate_name;
-use crate::storage::temp::unique_suffix;
+use crate::wire::deserialize;
 
 /// The layout version written; version 1 states (no spans) still load.
 pub const STATE_VERSION: u64 = 2;
@@ -64,58 +64,6 @@ pub struct Resume {
     pub batch_size: NonZeroU64,
     pub workers: u64,
     pub generation: u64,
-}
-
-/// A run id: 32 lowercase hex digits, drawn when a run starts and kept by every
-/// resume of it (fencing knows a run by it).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct RunId(String);
-
-impl TryFrom<String> for RunId {
-    type Error = Error;
-
-    fn try_from(value: String) -> Result<Self> {
-        if value.len() == 32
-            && value
-                .bytes()
-                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        {
-            Ok(RunId(value))
-        } else {
-            Err(Error::invalid(format!(
-                "run id {value:?} is malformed; a run id is 32 lowercase hex digits"
-            )))
-        }
-    }
-}
-
-impl From<RunId> for String {
-    fn from(value: RunId) -> String {
-        value.0
-    }
-}
-
-impl RunId {
-    /// A new id, unique across processes and machines (a hash of this
-    /// process's random nonce, a counter and the time).
-    pub fn new() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let seed = format!("{}-{nanos}", unique_suffix());
-        RunId(format!("{:032x}", xxh3_128(seed.as_bytes())))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl Default for RunId {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 /// Where a training run is. Always valid: built by `new` or `from_json`, and
@@ -356,7 +304,7 @@ impl RunState {
         };
         let here = (saved.epoch, saved.position);
         let resumes = vec![span((0, 0), Some(here), 0), span(here, None, saved.steps)];
-        let run = RunId(format!("{:032x}", xxh3_128(&identity)));
+        let run = RunId::derived(&identity);
         Ok(saved.into_state(run, resumes))
     }
 

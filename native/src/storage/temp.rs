@@ -11,9 +11,9 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, IoContext, Result};
+pub use crate::ids::unique_suffix;
 
 /// How often `create` starts again under a new name when a cleaner removed
 /// its fresh entry before the lock was taken (it needs a cleaner at exactly
@@ -100,31 +100,6 @@ fn is_same_entry(path: &Path, file: &File) -> bool {
         let _ = file;
         path.exists()
     }
-}
-
-/// A name part no other writer uses: the process id (for people reading a
-/// listing), a random number fixed for this process (writers in containers
-/// share pid 1) and a counter.
-pub fn unique_suffix() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}-{:016x}-{}",
-        std::process::id(),
-        process_nonce(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A random number fixed for the life of this process (std's hasher keys are
-/// drawn from the OS's random source).
-fn process_nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *NONCE.get_or_init(|| {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(std::process::id() as u64);
-        hasher.finish()
-    })
 }
 
 /// Remove the entries of `dir` whose names `is_temp` accepts and whose writer
