@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dataset_rt import service as engine
 from dataset_rt.service import MAX_MESSAGE_BYTES
 from flight_server.errors import ProtocolError
 
@@ -153,34 +154,12 @@ class ActionBody:
 class RunAction:
     """The body of ``claim_run`` (``{"dataset", "run", "after", "epoch",
     "position", "fresh"?}``) or ``check_run`` (``{"dataset", "run",
-    "generation"}``): fencing a training run (docs/training.md, "Fencing")."""
+    "generation"}``): fencing a training run (docs/training.md, "Fencing").
+    The contract is the engine's (``native/src/run/action.rs``), parsed there."""
 
-    dataset: str
-    run: str
-    after: int = 0
-    epoch: int = 0
-    position: int = 0
-    fresh: bool = False
-    generation: int = 0
-
-    @classmethod
-    def parse(cls, raw: bytes, *, claim: bool) -> RunAction:
-        fields = _Fields(_decode(raw, "action body"), "action body")
-        dataset = fields.string("dataset", required=True) or ""
-        run = fields.string("run", required=True) or ""
-        if claim:
-            body = cls(
-                dataset,
-                run,
-                after=fields.integer("after", required=True) or 0,
-                epoch=fields.integer("epoch", required=True) or 0,
-                position=fields.integer("position", required=True) or 0,
-                fresh=bool(fields.boolean("fresh")),
-            )
-        else:
-            body = cls(dataset, run, generation=fields.integer("generation", required=True) or 0)
-        fields.finish()
-        return body
+    @staticmethod
+    def parse(raw: bytes, *, claim: bool) -> engine.RunAction:
+        return engine.parse_run_action(raw, claim=claim)
 
 
 def _is_unicode(text: str) -> bool:

@@ -16,10 +16,9 @@ use crate::error::{Error, Result};
 pub use crate::ids::PopulationId;
 use crate::ids::RunId;
 use crate::sampling::{Partition, ShuffleMode, StreamWindow};
-pub(crate) use crate::wire::deserialize;
+pub(crate) use crate::wire::{decode, deserialize};
 
-/// Largest command or ticket accepted, in bytes.
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+pub use crate::wire::MAX_MESSAGE_BYTES;
 
 /// An epoch of a seed's stream, split into `world_size` ranks; as a ticket, one
 /// rank's partition from `offset` on.
@@ -261,40 +260,6 @@ impl Ticket {
                 .map(Ticket::Metadata);
         }
         StreamRequest::from_value(value, "ticket").map(Ticket::Stream)
-    }
-}
-
-/// UTF-8 JSON holding an object, at most `MAX_MESSAGE_BYTES`.
-fn decode(raw: &[u8], what: &str) -> Result<Value> {
-    if raw.len() > MAX_MESSAGE_BYTES {
-        return Err(Error::invalid(format!(
-            "the {what} is {} bytes; at most {MAX_MESSAGE_BYTES} allowed",
-            raw.len()
-        )));
-    }
-    let text = std::str::from_utf8(raw)
-        .map_err(|e| Error::invalid(format!("the {what} is not UTF-8 JSON: {e}")))?;
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| Error::invalid(format!("the {what} is not UTF-8 JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(Error::invalid(format!(
-            "the {what} must be a JSON object, got {}",
-            json_kind(&value)
-        )));
-    }
-    Ok(value)
-}
-
-/// The kind of a JSON value, as Python names it (clients are mostly Python).
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(n) if n.is_f64() => "float",
-        Value::Number(_) => "int",
-        Value::String(_) => "str",
-        Value::Array(_) => "list",
-        Value::Object(_) => "dict",
     }
 }
 

@@ -13,6 +13,7 @@ mod ingest;
 mod json;
 mod partition;
 mod request;
+mod run_action;
 mod run_state;
 mod service;
 mod writer;
@@ -55,6 +56,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_MESSAGE_BYTES", crate::request::MAX_MESSAGE_BYTES)?;
     m.add("CachedSample", dataset::sample_type(m.py())?)?;
     m.add_class::<Runtime>()?;
+    m.add_class::<run_action::RunAction>()?;
     m.add_class::<dataset::Dataset>()?;
     m.add_class::<batch_stream::BatchStream>()?;
     m.add_class::<batch_stream::StreamProgress>()?;
@@ -78,6 +80,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cache::ShardInfo>()?;
     m.add_function(wrap_pyfunction!(request::parse_ticket, m)?)?;
     m.add_function(wrap_pyfunction!(service::check_name, m)?)?;
+    m.add_function(wrap_pyfunction!(run_action::parse_run_action, m)?)?;
     m.add_function(wrap_pyfunction!(service::local_path, m)?)?;
     m.add_function(wrap_pyfunction!(service::state_local_dir, m)?)?;
     m.add_function(wrap_pyfunction!(writer::write_cache, m)?)?;

@@ -16,6 +16,7 @@
 //! exact for any chain (`history`). `plan` turns the state into the tickets of
 //! each rank's DataLoader workers.
 
+pub mod action;
 pub mod fence;
 mod history;
 mod plan;
