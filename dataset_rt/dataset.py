@@ -20,6 +20,7 @@ from dataset_rt.facade import facade_module
 from dataset_rt.integrations.torch import to_torch_iterable_dataset
 from dataset_rt.lazy import hand_over, scan_batches, table_batches
 from dataset_rt.partition import Partition, as_partition
+from dataset_rt.reconstruction import dump_configuration, load_configuration
 from dataset_rt.records import (
     AbsentManifestTarget,
     CachedSample,
@@ -80,9 +81,14 @@ class CachedDataset:
         returns the ``dataset.json`` path. Payloads are referenced, not copied;
         the stream position is not saved. See `from_config`.
         """
-        from dataset_rt.reconstruction import dump_configuration
-
-        return dump_configuration(self, path)
+        return dump_configuration(
+            path,
+            self.get_metadata().to_arrow(),
+            cache_paths=self.cache_paths,
+            reader_config=self.reader_config,
+            num_workers=self.num_workers,
+            epoch_len=len(self),
+        )
 
     @classmethod
     def from_config(cls, path: str | Path) -> CachedDataset:
@@ -92,9 +98,12 @@ class CachedDataset:
         the saved population as `update_metadata` does, restores the epoch
         length, and starts at stream position 0.
         """
-        from dataset_rt.reconstruction import load_configuration
-
-        return load_configuration(path)
+        configuration, table = load_configuration(path)
+        runtime = _native.Runtime(configuration.num_workers)
+        dataset = cls._open(runtime, list(configuration.cache_paths), configuration.reader_config)
+        dataset.update_metadata(table)
+        dataset.set_epoch_len(configuration.epoch_len)
+        return dataset
 
     # -- population -------------------------------------------------------------
 

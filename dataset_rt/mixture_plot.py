@@ -14,10 +14,36 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from dataset_rt.mixture import MixtureReport
+    import polars as pl
+
+
+class MixtureReport(Protocol):
+    """What a plot reads of a report (`dataset_rt.mixture.MixtureReport` has
+    it): described here, so that the report's module, which imports this one
+    when asked for a plot, is not imported back."""
+
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def group(self) -> str: ...
+    @property
+    def draws(self) -> int: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def groups(self) -> pl.DataFrame: ...
+    @property
+    def timeline(self) -> pl.DataFrame | None: ...
+    @property
+    def switches(self) -> list[tuple[int, str]]: ...
+    @property
+    def segment_expected(self) -> pl.DataFrame | None: ...
+    @property
+    def max_abs_sigma(self) -> float: ...
+
 
 #: Inches of figure per group row, and around the rows (title, axis, legend).
 _ROW_INCHES = 0.42

@@ -1,5 +1,7 @@
 """`CachedDataset.dump_config` / `from_config`: a dataset's settings and active
-population saved to a directory, and a fresh dataset built from them.
+population saved to a directory, and read back to build a fresh dataset. This
+module knows files and settings only; `CachedDataset` builds and fills the
+dataset (so the two do not import each other).
 
 The export is two files in an existing directory that holds no export yet:
 ``metadata.arrow`` (the active population as an Arrow IPC file: rows, order,
@@ -16,17 +18,15 @@ Loading validates the settings (pydantic) and the population (the engine, as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from dataset_rt.config import ReaderConfig
 from dataset_rt.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from dataset_rt.dataset import CachedDataset
 
 CONFIG_NAME = "dataset.json"
 METADATA_NAME = "metadata.arrow"
@@ -45,8 +45,17 @@ class DatasetConfiguration(BaseModel):
     row_count: int = Field(ge=1)
 
 
-def dump_configuration(dataset: CachedDataset, directory: str | Path) -> Path:
-    """Export ``dataset`` into ``directory``; returns the ``dataset.json`` path."""
+def dump_configuration(
+    directory: str | Path,
+    table: pa.Table,
+    *,
+    cache_paths: Sequence[Path],
+    reader_config: ReaderConfig,
+    num_workers: int,
+    epoch_len: int,
+) -> Path:
+    """Export a dataset's active ``table`` and settings into ``directory``;
+    returns the ``dataset.json`` path."""
     directory = Path(directory)
     if not directory.is_dir():
         raise InvalidArgumentError(
@@ -58,12 +67,11 @@ def dump_configuration(dataset: CachedDataset, directory: str | Path) -> Path:
             raise InvalidArgumentError(
                 f"{path} already exists; an export never overwrites: use an empty directory"
             )
-    table = dataset.get_metadata().to_arrow()
     configuration = DatasetConfiguration(
-        cache_paths=tuple(path.resolve() for path in dataset.cache_paths),
-        reader_config=dataset.reader_config,
-        num_workers=dataset.num_workers,
-        epoch_len=len(dataset),
+        cache_paths=tuple(path.resolve() for path in cache_paths),
+        reader_config=reader_config,
+        num_workers=num_workers,
+        epoch_len=epoch_len,
         row_count=table.num_rows,
     )
     with metadata_path.open("xb") as binary, pa.ipc.new_file(binary, table.schema) as writer:
@@ -73,10 +81,10 @@ def dump_configuration(dataset: CachedDataset, directory: str | Path) -> Path:
     return config_path
 
 
-def load_configuration(path: str | Path) -> CachedDataset:
-    """A fresh dataset from a ``dataset.json`` written by `dump_configuration`."""
-    from dataset_rt.runtime import DatasetRuntime
-
+def load_configuration(path: str | Path) -> tuple[DatasetConfiguration, pa.Table]:
+    """The settings and the population of a ``dataset.json`` written by
+    `dump_configuration`, validated (the population is validated again by the
+    engine when the dataset takes it)."""
     path = Path(path)
     if not path.is_file():
         raise InvalidArgumentError(f"from_config needs an existing dataset.json, got {path}")
@@ -88,10 +96,4 @@ def load_configuration(path: str | Path) -> CachedDataset:
             f"{path.parent / METADATA_NAME} has {table.num_rows} rows, {path} says "
             f"{configuration.row_count}: the export is incomplete or was modified"
         )
-    runtime = DatasetRuntime(num_workers=configuration.num_workers)
-    dataset = runtime.cached_dataset(
-        list(configuration.cache_paths), reader_config=configuration.reader_config
-    )
-    dataset.update_metadata(table)
-    dataset.set_epoch_len(configuration.epoch_len)
-    return dataset
+    return configuration, table
