@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,21 @@ def _shared_runtime() -> drt.DatasetRuntime:
     if _RUNTIME is None:
         _RUNTIME = drt.DatasetRuntime(num_workers=2)
     return _RUNTIME
+
+
+@pytest.fixture(scope="session")
+def ceph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A one-node Ceph radosgw on loopback for the session (tests/ceph_s3.py):
+    the real S3-compatible store of the object-storage and contract suites."""
+    from ceph_s3 import CephS3, missing_binaries
+
+    missing = missing_binaries()
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the object-storage tests; missing {missing} (.ci/run)")
+        pytest.skip(f"Ceph is not installed (missing {', '.join(missing)}); .ci/run installs it")
+    with CephS3(tmp_path_factory.mktemp("ceph")) as store:
+        yield store
 
 
 @pytest.fixture(scope="session")

@@ -9,20 +9,18 @@ caches' bytes. The bucket is inspected with boto3, a client independent of ours.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from ceph_s3 import CephS3, free_port, missing_binaries
+from ceph_s3 import CephS3, free_port
 from conftest import ListSource, make_records, write
 
 import dataset_rt as drt
@@ -35,17 +33,6 @@ WAIT_SECONDS = 60.0
 
 boto3 = pytest.importorskip("boto3")
 botocore_exceptions = pytest.importorskip("botocore.exceptions")
-
-
-@pytest.fixture(scope="session")
-def ceph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CephS3]:
-    missing = missing_binaries()
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the object-storage tests; missing {missing} (.ci/run)")
-        pytest.skip(f"Ceph is not installed (missing {', '.join(missing)}); .ci/run installs it")
-    with CephS3(tmp_path_factory.mktemp("ceph")) as store:
-        yield store
 
 
 @pytest.fixture
