@@ -1,0 +1,191 @@
+//! Reading a published cache: checked at open, every record checksummed on read.
+//!
+//! `Cache` is one open cache directory; its jobs live in one file each:
+//!
+//! | file | job |
+//! |------|-----|
+//! | `open.rs` | opening a cache directory, each file checked against the manifest |
+//! | `shard.rs` | one open shard file: its mapping, its identity on disk |
+//! | `metadata.rs` | `metadata.arrow`, decoded in place and checked against the manifest |
+//! | `remote.rs` | a cache on object storage, through a local mirror; shards fetched on first read |
+//! | `read.rs` | reading records: copied, prefetched, lent, or verified in place |
+//! | `verify.rs` | checking an open cache again: every checksum, a file cut or replaced |
+//! | `set.rs` | `CacheSet`: the caches of one dataset, by position or `cache_id` |
+
+mod metadata;
+mod open;
+mod read;
+mod remote;
+mod set;
+mod shard;
+mod verify;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use arrow_array::RecordBatch;
+
+use super::index::{IndexEntry, StoredEntry};
+use super::manifest::Manifest;
+use super::schema::ColumnSpec;
+use super::slab::Slab;
+use crate::os::mapped::MappedFile;
+use remote::Remote;
+use shard::Shard;
+
+pub use set::CacheSet;
+pub use verify::VerifyReport;
+
+/// One open cache. Its shards, index and metadata are memory-mapped (their
+/// checksums verified when the cache is opened), so an open cache costs page
+/// cache, which the kernel reclaims, not process memory.
+pub struct Cache {
+    dir: PathBuf,
+    manifest: Manifest,
+    index: Slab<StoredEntry>,
+    /// `sample_id` plus the stored metadata columns, one row per record.
+    metadata: RecordBatch,
+    /// The mapped `index.bin` and `metadata.arrow`, to tell a cut one.
+    mapped_files: Vec<(&'static str, Arc<MappedFile>)>,
+    /// Opened with the cache, or (on object storage) when first read.
+    shards: Vec<OnceLock<Shard>>,
+    shard_paths: Vec<PathBuf>,
+    /// Where shards not in `dir` yet come from (a cache on object storage),
+    /// with one lock per shard so that one fetch does not wait for another.
+    remote: Option<Remote>,
+}
+
+impl Cache {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn cache_id(&self) -> u64 {
+        self.manifest.cache_id
+    }
+
+    pub fn len(&self) -> u64 {
+        self.manifest.record_count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.manifest.record_count == 0
+    }
+
+    pub fn columns(&self) -> &[ColumnSpec] {
+        &self.manifest.columns
+    }
+
+    /// `sample_id` followed by the stored columns.
+    pub fn metadata(&self) -> &RecordBatch {
+        &self.metadata
+    }
+
+    /// Record `sample_id`'s index entry (None past the end, or damaged). A
+    /// random read of the index: a stream's planner reads it once, for the
+    /// record's length, and hands it to the batch builder (`read_entry_into`).
+    #[inline]
+    pub fn entry(&self, sample_id: u64) -> Option<IndexEntry> {
+        self.index.get(sample_id as usize)?.entry()
+    }
+
+    pub fn raw_len(&self, sample_id: u64) -> u64 {
+        self.index
+            .get(sample_id as usize)
+            .map(|e| e.raw_len)
+            .unwrap_or(0)
+    }
+}
+
+/// Small caches for the tests of every file of this module.
+#[cfg(test)]
+mod fixture {
+    use std::num::NonZeroU64;
+    use std::path::{Path, PathBuf};
+
+    use crate::storage::{
+        CacheWriter, Codec, ColumnSpec, Compression, EncodedRecord, MetaType, MetaValue,
+        WriterOptions,
+    };
+
+    /// Record `i`'s payload: `len` bytes that differ from record to record.
+    pub fn payload(i: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|b| (i as usize * 31 + b * 7) as u8).collect()
+    }
+
+    /// Write cache `name` under `base` with one record per entry of `lens`
+    /// (record `i` is `payload(i, lens[i])`, its `label` is `i`), shards cut
+    /// at `max_shard_bytes`; returns its directory.
+    pub fn write(
+        base: &Path,
+        name: &str,
+        lens: &[usize],
+        codec: Codec,
+        max_shard_bytes: u64,
+    ) -> PathBuf {
+        let columns = vec![ColumnSpec {
+            name: "label".into(),
+            dtype: MetaType::Int64,
+        }];
+        let options = WriterOptions {
+            max_shard_bytes: NonZeroU64::new(max_shard_bytes).unwrap(),
+            compression: Compression::new(codec, 3).unwrap(),
+            ..WriterOptions::default()
+        };
+        let mut writer = CacheWriter::create(base, name, columns, options).unwrap();
+        for (i, &len) in lens.iter().enumerate() {
+            let record = EncodedRecord::encode(payload(i as u64, len), options.compression);
+            writer
+                .append(&record.unwrap(), &[MetaValue::Int(i as i64)])
+                .unwrap();
+        }
+        writer.finish().unwrap().0
+    }
+
+    /// Flip one byte of the file `dir/file` at `offset`, keeping its length.
+    pub fn flip(dir: &Path, file: &str, offset: usize) {
+        let path = dir.join(file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[offset] ^= 0x55;
+        std::fs::write(&path, bytes).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int64Type, UInt64Type};
+
+    use super::fixture;
+    use super::*;
+    use crate::storage::{Codec, MetaType};
+
+    #[test]
+    fn an_open_cache_describes_its_records_and_their_metadata() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = fixture::write(base.path(), "c", &[10, 0, 300], Codec::None, 1 << 20);
+        let cache = Cache::open(&dir, true).unwrap();
+        assert_eq!(cache.dir(), dir.as_path());
+        assert_eq!((cache.len(), cache.is_empty()), (3, false));
+        assert_eq!(cache.cache_id(), cache.manifest().cache_id);
+        assert_eq!(cache.columns().len(), 1);
+        assert_eq!(
+            (cache.columns()[0].name.as_str(), cache.columns()[0].dtype),
+            ("label", MetaType::Int64)
+        );
+        let metadata = cache.metadata();
+        assert_eq!(metadata.num_rows(), 3);
+        let ids = metadata.column(0).as_primitive::<UInt64Type>();
+        let labels = metadata.column(1).as_primitive::<Int64Type>();
+        assert_eq!(ids.values().to_vec(), vec![0, 1, 2]);
+        assert_eq!(labels.values().to_vec(), vec![0, 1, 2]);
+        let lens: Vec<u64> = (0..4).map(|i| cache.raw_len(i)).collect();
+        assert_eq!(lens, vec![10, 0, 300, 0], "past the end: 0");
+        assert_eq!(cache.entry(2).map(|e| e.raw_len), Some(300));
+        assert!(cache.entry(3).is_none(), "past the end: no entry");
+    }
+}
