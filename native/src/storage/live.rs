@@ -12,11 +12,12 @@
 //! which cache is wrong, until it is repaired (checked again at most once a
 //! second). Streams already open keep the set they started with.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::CacheSet;
+use super::{CacheSet, Stamp};
 use crate::error::{Error, Result};
 use crate::os::mapped;
 
@@ -35,6 +36,10 @@ struct State {
     caches: Arc<CacheSet>,
     /// Why the set cannot be served, when its last check found it damaged.
     damage: Option<Error>,
+    /// Shards hashed after their file changed, by (cache, shard): the file's
+    /// stamp then and what the hash found, so that a damaged file is hashed
+    /// once, not at every check, until it changes again.
+    hashed: HashMap<(usize, usize), (Option<Stamp>, Option<Error>)>,
     checked: Instant,
     /// Cuts met by any read since the last check.
     cuts: mapped::CutWatch,
@@ -50,6 +55,7 @@ impl LiveCaches {
             state: Mutex::new(State {
                 caches,
                 damage: None,
+                hashed: HashMap::new(),
                 checked: Instant::now(),
                 cuts: mapped::CutWatch::new(),
             }),
@@ -89,6 +95,21 @@ impl LiveCaches {
     }
 
     fn reopen(&self, state: &mut State) {
+        // Which shards changed since the set in use was opened: each is hashed
+        // whole before the new set is served (a file replaced by garbage of
+        // the same length, or written in place, opens without complaint).
+        let changed: Vec<(usize, usize, Option<Stamp>)> = state
+            .caches
+            .caches()
+            .iter()
+            .enumerate()
+            .flat_map(|(c, cache)| {
+                cache
+                    .changed_shards()
+                    .into_iter()
+                    .map(move |(s, stamp)| (c, s, stamp))
+            })
+            .collect();
         let damage = match CacheSet::open_mirrored(&self.paths, self.verify, self.mirror.as_deref())
         {
             Ok(fresh) if fresh.cache_ids() != state.caches.cache_ids() => Some(Error::corrupt(
@@ -96,13 +117,43 @@ impl LiveCaches {
                 "the caches were replaced by other caches while the server ran; restart \
                  the server to serve them",
             )),
-            Ok(fresh) => {
-                state.caches = Arc::new(fresh);
-                None
-            }
+            Ok(fresh) => match Self::check_changed(state, &fresh, &changed) {
+                Some(error) => Some(error),
+                None => {
+                    state.caches = Arc::new(fresh);
+                    state.hashed.clear();
+                    None
+                }
+            },
             Err(error) => Some(error),
         };
         state.damage = damage;
+    }
+
+    /// The first changed shard of `fresh` whose bytes are not the manifest's.
+    fn check_changed(
+        state: &mut State,
+        fresh: &CacheSet,
+        changed: &[(usize, usize, Option<Stamp>)],
+    ) -> Option<Error> {
+        for &(c, s, stamp) in changed {
+            let Some(cache) = fresh.caches().get(c) else {
+                continue;
+            };
+            let verdict = match state.hashed.get(&(c, s)) {
+                Some((seen, verdict)) if *seen == stamp => verdict.as_ref().map(Error::duplicate),
+                _ => {
+                    let verdict = cache.check_shard(s).err();
+                    let kept = verdict.as_ref().map(Error::duplicate);
+                    state.hashed.insert((c, s), (stamp, kept));
+                    verdict
+                }
+            };
+            if verdict.is_some() {
+                return verdict;
+            }
+        }
+        None
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>> {
@@ -119,4 +170,52 @@ fn changed(caches: &CacheSet) -> bool {
         .caches()
         .iter()
         .any(|cache| cache.truncation().is_some() || cache.files_changed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::cache::fixture;
+    use crate::storage::Codec;
+
+    /// After `CHECK_INTERVAL`, so that the next request compares the files.
+    fn later() {
+        std::thread::sleep(CHECK_INTERVAL + Duration::from_millis(50));
+    }
+
+    fn shard(dir: &Path) -> PathBuf {
+        dir.join(crate::storage::shard_file_name(0))
+    }
+
+    #[test]
+    fn a_shard_overwritten_in_place_or_replaced_is_damage_until_it_is_restored() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = fixture::write(base.path(), "c", &[100, 200, 300], Codec::None, 1 << 20);
+        let live = LiveCaches::open(std::slice::from_ref(&dir), false, None).unwrap();
+        assert!(live.problem().is_none());
+        let good = std::fs::read(shard(&dir)).unwrap();
+        let mut garbage = good.clone();
+        garbage[150] ^= 0xff;
+
+        // Written in place: same file, same length, another modification time.
+        std::fs::write(shard(&dir), &garbage).unwrap();
+        later();
+        let problem = live.problem().expect("an overwritten shard is damage");
+        assert!(problem.contains("checksum mismatch"), "{problem}");
+        assert!(problem.contains("shard-00000.bin"), "{problem}");
+        later();
+        assert!(live.problem().is_some(), "and stays so while the file is damaged");
+
+        // Restored: served again.
+        std::fs::write(shard(&dir), &good).unwrap();
+        later();
+        assert!(live.problem().is_none(), "{:?}", live.problem());
+
+        // Replaced by another file of the same length holding garbage.
+        let other = dir.join("replacement");
+        std::fs::write(&other, &garbage).unwrap();
+        std::fs::rename(&other, shard(&dir)).unwrap();
+        later();
+        assert!(live.problem().is_some(), "a replaced shard is damage");
+    }
 }

@@ -33,7 +33,7 @@ pub mod upload;
 mod writeback;
 mod writer;
 
-pub use cache::{Cache, CacheSet, VerifyReport};
+pub use cache::{Cache, CacheSet, Stamp, VerifyReport};
 pub use codec::{check_ratio, Codec, Compression, EncodedRecord, Encoding};
 pub use columnar::{ColumnarRows, ColumnarSchema};
 pub use direct::DirectWriter;

@@ -18,6 +18,7 @@ mod read;
 mod remote;
 mod set;
 mod shard;
+pub use shard::Stamp;
 mod verify;
 
 use std::path::{Path, PathBuf};
@@ -103,7 +104,7 @@ impl Cache {
 
 /// Small caches for the tests of every file of this module.
 #[cfg(test)]
-mod fixture {
+pub(crate) mod fixture {
     use std::num::NonZeroU64;
     use std::path::{Path, PathBuf};
 

@@ -21,8 +21,8 @@ pub(super) struct Shard {
     /// The shard's mapping and file, and the large records lent from it
     /// (None for an empty shard, which has no records to read).
     pub(super) lender: Option<Arc<Lender>>,
-    /// The file's (device, inode) when it was opened.
-    pub(super) identity: (u64, u64),
+    /// The file's identity and last write when it was opened (`Stamp`).
+    pub(super) identity: Stamp,
 }
 
 impl Shard {
@@ -83,16 +83,22 @@ impl Shard {
     }
 }
 
-/// A file's (device, inode): another value means another file at that path.
+/// A file's (device, inode, modification time in ns): another value means
+/// another file at that path, or the same one written in place since. Cache
+/// files are never written once published, so either is damage until shown
+/// otherwise (`Cache::check_shard`).
+pub type Stamp = (u64, u64, i128);
+
 #[cfg(unix)]
-pub(super) fn identity(stat: &std::fs::Metadata) -> (u64, u64) {
+pub fn identity(stat: &std::fs::Metadata) -> Stamp {
     use std::os::unix::fs::MetadataExt;
-    (stat.dev(), stat.ino())
+    let written = i128::from(stat.mtime()) * 1_000_000_000 + i128::from(stat.mtime_nsec());
+    (stat.dev(), stat.ino(), written)
 }
 
 #[cfg(not(unix))]
-pub(super) fn identity(_stat: &std::fs::Metadata) -> (u64, u64) {
-    (0, 0)
+pub fn identity(_stat: &std::fs::Metadata) -> Stamp {
+    (0, 0, 0)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use super::open::check_digest;
-use super::shard::identity;
+use super::shard::{identity, Stamp};
 use super::Cache;
 use crate::error::{Error, Result};
 use crate::hash::xxh3_64;
@@ -35,22 +35,51 @@ impl Cache {
     }
 
     /// Whether a shard on disk is no longer the file that was opened: deleted,
-    /// replaced (another inode), or of another length than the manifest's.
-    /// One `stat` per open shard (a shard of a cache on object storage that
-    /// was never read has no file to compare).
+    /// replaced (another inode), written in place (another modification
+    /// time), or of another length than the manifest's. One `stat` per open
+    /// shard (a shard of a cache on object storage that was never read has
+    /// no file to compare).
     pub fn files_changed(&self) -> bool {
+        !self.changed_shards().is_empty()
+    }
+
+    /// The shards `files_changed` is about, with the file at each path now.
+    pub fn changed_shards(&self) -> Vec<(usize, Option<Stamp>)> {
         let entries = &self.manifest.shards;
-        self.shard_paths
+        let mut changed = Vec::new();
+        for (i, ((path, shard), entry)) in self
+            .shard_paths
             .iter()
             .zip(&self.shards)
             .zip(entries)
-            .any(|((path, shard), entry)| {
-                shard.get().is_some_and(|opened| {
-                    std::fs::metadata(path).map_or(true, |m| {
-                        identity(&m) != opened.identity || m.len() != entry.bytes
-                    })
-                })
-            })
+            .enumerate()
+        {
+            let Some(opened) = shard.get() else { continue };
+            match std::fs::metadata(path) {
+                Ok(m) if identity(&m) == opened.identity && m.len() == entry.bytes => {}
+                Ok(m) => changed.push((i, Some(identity(&m)))),
+                Err(_) => changed.push((i, None)),
+            }
+        }
+        changed
+    }
+
+    /// Shard `i` hashed whole against the manifest: for a shard whose file
+    /// changed on disk, before it is served again (a file replaced by one of
+    /// the same length, or written in place, passes every cheaper check).
+    pub fn check_shard(&self, i: usize) -> Result<()> {
+        let entry = self
+            .manifest
+            .shards
+            .get(i)
+            .ok_or_else(|| Error::internal(format!("shard {i} is out of range")))?;
+        let data = self.shard(i)?.map().map_or(&[][..], |m| &m[..]);
+        let name = self.dir.file_name().unwrap_or_default().to_string_lossy();
+        check_digest(
+            &Path::new(name.as_ref()).join(&entry.file),
+            &entry.xxh3,
+            &hex64(xxh3_64(data)),
+        )
     }
 
     /// The error for a file of this cache that a read found cut short under
