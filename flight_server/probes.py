@@ -14,15 +14,29 @@ connection and a few worker threads answer complete requests, so a client that
 connects and sends nothing (or half a request) holds a file descriptor, never a
 thread. The bounds, each against what a side port of probes and scrapers sees:
 
-- ``CONNECTION_LIMIT`` (1024) connections open at once: a connection costs a
-  file descriptor and a few KiB of buffers, so the limit is far above the 64
-  parallel scrapers the fault suite runs. Past it the server does not stop
-  accepting, as waitress would (which let 1,100 connections dripping a header
-  byte every 3 s hold the port, so 0 of 32 probes were answered, issue 46): it
-  accepts, and closes the connections that have waited longest for their
-  client, none of them being answered (``SidePortServer``). A new connection
-  that sends its request at once, as a probe does, is the newest, so it is
-  taken and answered whoever holds the rest.
+- ``CONNECTION_LIMIT`` (1024) connections open at once, and up to
+  ``CONNECTION_CAP`` (2048) while those past the limit are too young to close:
+  a connection costs a file descriptor and a few KiB of buffers, so the limit is
+  far above the 64 parallel scrapers the fault suite runs, and the cap bounds
+  what the port holds. Past the limit the server does not stop accepting, as
+  waitress would (which let 1,100 connections dripping a header byte every 3 s
+  hold the port, so 0 of 32 probes were answered, issue 46): it accepts, and
+  closes the connections that have waited longest for their client, of those
+  accepted at least ``GRACE_SECONDS`` (0.5 s) earlier and with no request read,
+  being answered or unsent (``SidePortServer``). The grace is what keeps a probe
+  safe: it sends its request as it connects, and is answered within
+  milliseconds, far inside it. Without it a connection was closed once a limit's
+  worth of newer ones had been accepted, which an attacker reopening at once did
+  in tens of milliseconds, so a probe whose request a loaded machine had not yet
+  read was closed unanswered (2 of 32 in a full-suite run on two busy cores).
+  Young connections pile up past the limit, hence the cap: at it the server
+  stops accepting until the oldest turns 0.5 s old and may be closed, and new
+  connections wait in the listen queue. So it takes at most ``CONNECTION_CAP``
+  connections per grace, and against thousands a probe waits its turn in the
+  queue (in trials on two cores, a median 0.3 s behind 3,000 dripping
+  connections and 0.8 s behind 5,000, where closing with no grace gave 0.2 and
+  0.4 s); closing young connections at the cap would take it sooner, but might
+  again close it before its request is read.
 - ``HEADER_SECONDS`` (2 s): a request head must arrive whole within this long of
   the accept (or of its first byte, on a kept-alive connection), however often
   its bytes come; checked every ``CLEANUP_INTERVAL`` (1 s), so a dripping
@@ -34,10 +48,10 @@ thread. The bounds, each against what a side port of probes and scrapers sees:
 - ``BACKLOG`` (4096) connections the kernel completes before the loop accepts
   them (capped by ``net.core.somaxconn``, 4096 by default since Linux 5.4): the
   5 of ``http.server`` dropped the SYNs of parallel scrapers, and a drop costs a
-  client a 1 s retransmit, a failed probe. Past the connection limit it is where
-  an attacker's reconnects wait, so it must hold them and the probes: with 1024,
-  3,000 dripping connections made 2 of 32 probes miss their second. Past the
-  limit plus this queue the kernel drops SYNs, whatever the server does.
+  client a 1 s retransmit, a failed probe. At the cap it is where an attacker's
+  reconnects wait, so it must hold them and the probes: with 1024, 3,000
+  dripping connections made 2 of 32 probes miss their second. Past the cap plus
+  this queue the kernel drops SYNs, whatever the server does.
   ``ACCEPT_BATCH`` (64) are accepted per turn of the loop (waitress takes one).
 - ``THREADS`` (4): an answer takes about a millisecond of Python; more
   concurrent requests queue, at most one per connection.
@@ -50,18 +64,19 @@ dripping connection is closed within 3 s, but an attacker that reopens each at
 once keeps the limit full, and a probe waits behind it for up to those 3 s
 (under the fault test's drip, 11 of 32 probes answered within 1 s, kubelet's
 default timeout). Closing the longest-waiting connections at the limit is what
-keeps the probes' way open (32 of 32, the slowest in under 30 ms); the deadline
-bounds what each dripping connection holds meanwhile and ends a drip that does
-not reopen. A connection budget per client address is not used: it fails the
-prober whenever it shares the attacker's address (clients behind one NAT or
-proxy, a port published by compose, the fault test on loopback), and an
-attacker with more than ``CONNECTION_LIMIT / budget`` addresses fills the limit
-anyway. A listener of its own for the probes would face the same drip on its
-own port. The cost of eviction under attack: every connection opened past the
-limit closes an older one, so an attacker holding more than the limit and
-reopening at once keeps the loop busy (in the fault test, on two cores, about
-10,000 reconnects a second and up to 0.7 of a core of the server process,
-whose Python the Flight handlers share). The port is on loopback unless
+keeps the probes' way open (32 of 32, the slowest in under 30 ms, and in under
+half a second beside two busy loops on the two cores); the deadline bounds what
+each dripping connection holds meanwhile and ends a drip that does not reopen. A
+connection budget per client address is not used: it fails the prober whenever
+it shares the attacker's address (clients behind one NAT or proxy, a port
+published by compose, the fault test on loopback), and an attacker with more
+than ``CONNECTION_LIMIT / budget`` addresses fills the limit anyway. A listener
+of its own for the probes would face the same drip on its own port. The cost
+under attack: while an attacker holds more than the limit, each of its
+connections is closed about 0.5 s after its accept and reopened (in the fault
+test, on two cores, about 1,500 reconnects a second and 0.13 of a core of the
+server process, whose Python the Flight handlers share, where closing the oldest
+with no grace cost 10,000 and 0.6). The port is on loopback unless
 ``--metrics-host`` says otherwise; expose it to the probers and scrapers that
 need it, not to the world.
 """
@@ -92,6 +107,10 @@ from flight_server.auth import TokenFile, bearer_token
 from flight_server.catalog import Catalog
 
 CONNECTION_LIMIT = 1024
+#: The most connections open at once: past the limit, the ones too young to close.
+CONNECTION_CAP = 2 * CONNECTION_LIMIT
+#: How long a connection is safe from being closed to make room, from its accept.
+GRACE_SECONDS = 0.5
 HEADER_SECONDS = 2.0
 CHANNEL_TIMEOUT = 5.0
 CLEANUP_INTERVAL = 1.0
@@ -171,7 +190,10 @@ class HeadTimedChannel(HTTPChannel):
         result = super().received(data)
         if self.request is None:  # every byte read went into complete requests
             self.head_since = None
-        elif self.request is not partial:  # a new head began in this read
+        elif partial is not None and self.request is not partial:
+            # The head under way ended in this read and a new one began. (Without
+            # ``partial``, the head is the one ``head_since`` already dates: the
+            # first, from the accept, or one after an answer, from this read.)
             self.head_since = now
         return result
 
@@ -184,10 +206,13 @@ class HeadTimedChannel(HTTPChannel):
 class SidePortServer(TcpWSGIServer):
     """waitress's TCP server on ``listener`` with the rules of this module's doc:
     a request head has ``HEADER_SECONDS`` to arrive, and past the connection limit
-    the longest-waiting connections are closed, where waitress stops accepting."""
+    the longest-waiting connections at least ``GRACE_SECONDS`` old are closed,
+    where waitress stops accepting; it stops at ``CONNECTION_CAP``."""
 
     channel_class = HeadTimedChannel
     _next_sweep = 0.0  # when ``_sweep`` runs next (``time.time()``)
+    _open = 0  # connections open (closing or not): counted each turn, plus accepts
+    _ripe_at: float | None = None  # at the cap: when a connection turns old enough to close
 
     def __init__(
         self,
@@ -210,18 +235,35 @@ class SidePortServer(TcpWSGIServer):
             sockinfo=(listener.family, listener.type, listener.proto, listener.getsockname()),
         )
 
-    def _channels(self) -> list[HeadTimedChannel]:
+    def _active(self) -> dict[int, HeadTimedChannel]:
         # ``active_channels`` is a dict of descriptor to channel (the stubs say otherwise).
-        return list(cast("dict[int, HeadTimedChannel]", self.active_channels).values())
+        return cast("dict[int, HeadTimedChannel]", self.active_channels)
+
+    def _channels(self) -> list[HeadTimedChannel]:
+        return list(self._active().values())
 
     def readable(self) -> bool:
-        # Asked once per turn of the loop. waitress's own also stops accepting at
-        # the connection limit: here handle_accept makes room instead.
+        # Asked once per turn of the loop, before its poll and before the
+        # connections are (the server joined the map first): those ``_make_room``
+        # marks are polled as writable and close in this turn, after
+        # ``handle_accept``, so no descriptor is reused among the poll's results.
         now = time.time()
         if now >= self._next_sweep:
             self._next_sweep = now + self.adj.cleanup_interval
             self._sweep(now)
-        return bool(self.accepting)
+        self._ripe_at = None
+        if len(self._active()) > self.adj.connection_limit:
+            self._make_room(now)
+        self._open = len(self._active())  # those marked to close hold theirs still
+        return bool(self.accepting) and self._open < CONNECTION_CAP
+
+    def poll_seconds(self, longest: float) -> float:
+        """How long the loop's next poll may wait: ``longest``, or less when the
+        server is full, so that it makes room as soon as a connection may close."""
+        if self._ripe_at is None or self._open < CONNECTION_CAP:
+            return longest
+        # A millisecond more: the poll counts whole milliseconds, rounded down.
+        return min(longest, max(0.0, self._ripe_at - time.time()) + 0.001)
 
     def _sweep(self, now: float) -> None:
         """Close (in the loop's next turn) every connection silent for the channel
@@ -236,7 +278,7 @@ class SidePortServer(TcpWSGIServer):
                 channel.will_close = True
 
     def handle_accept(self) -> None:
-        for _ in range(ACCEPT_BATCH):
+        for _ in range(min(ACCEPT_BATCH, CONNECTION_CAP - self._open)):
             try:
                 accepted = self.accept()  # None when none is waiting
                 if accepted is None:
@@ -252,19 +294,32 @@ class SidePortServer(TcpWSGIServer):
                 connection.close()
                 continue
             self.channel_class(self, connection, self.fix_addr(address), self.adj, self.connections)
-        self._evict()
+            self._open += 1
+        if self._open >= CONNECTION_CAP:  # for ``poll_seconds``, before the next poll
+            self._make_room(time.time())
 
-    def _evict(self) -> None:
-        """Past the connection limit, mark the connections that have waited longest
-        for their client, none being answered, to close in the loop's next turn (so
-        no descriptor is reused among the poll results of this one)."""
+    def _make_room(self, now: float) -> None:
+        """Past the connection limit, mark to close the connections that have waited
+        longest for their client, of those accepted ``GRACE_SECONDS`` ago or more
+        with no request read, being answered or unsent, and note when the first of
+        those too young turns old enough."""
         staying = [c for c in self._channels() if not (c.will_close or c.close_when_flushed)]
         excess = len(staying) - self.adj.connection_limit
-        if excess <= 0:
-            return
-        idle = [channel for channel in staying if not channel.requests]
-        for channel in heapq.nsmallest(excess, idle, key=HeadTimedChannel.waiting_since):
+        old = now - GRACE_SECONDS
+        closable: list[HeadTimedChannel] = []
+        first_young: float | None = None  # the earliest accept of those too young
+        if excess > 0:
+            for channel in staying:
+                if channel.requests or channel.total_outbufs_len:
+                    continue
+                if channel.creation_time <= old:
+                    closable.append(channel)
+                elif first_young is None or channel.creation_time < first_young:
+                    first_young = channel.creation_time
+        closing = heapq.nsmallest(excess, closable, key=HeadTimedChannel.waiting_since)
+        for channel in closing:
             channel.will_close = True
+        self._ripe_at = None if first_young is None else first_young + GRACE_SECONDS
 
 
 class ProbeServer:
@@ -317,7 +372,8 @@ class ProbeServer:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            wasyncore.loop(timeout=LOOP_SECONDS, map=self._map, use_poll=True, count=1)
+            wait = self._server.poll_seconds(LOOP_SECONDS)
+            wasyncore.loop(timeout=wait, map=self._map, use_poll=True, count=1)
         # In the loop's own thread, so no poll is using them.
         wasyncore.close_all(self._map)
 
