@@ -4,6 +4,10 @@ Everything here is plain ``pyarrow.flight`` (see docs/flight-protocol.md); the
 client adds ergonomics: Polars in and out, per-sample iteration, and resuming a
 broken stream on the next location with the offset it has reached, so the
 delivered sequence is the same as an uninterrupted one.
+
+Every call that talks to a server runs inside `_server_errors`: a server's
+refusal is raised as the library's class (``flight_client.errors``, also the
+pyarrow class it arrived as) with the server's one-line message (docs/errors.md).
 """
 
 from __future__ import annotations
@@ -11,18 +15,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import suppress
-from typing import Any, NamedTuple, cast
+from contextlib import contextmanager, suppress
+from typing import Any, NamedTuple
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from dataset_rt.config import ShuffleMode
-from dataset_rt.errors import FencedError
 from dataset_rt.lazy import StreamedTable, scan_batches, streamed
 from dataset_rt.partition import Partition, as_partition
 from dataset_rt.service import BASE_COLUMNS, StreamRequest, parse_ticket
+from flight_client.errors import server_error
 
 # Statuses after which another location (or the same one, later) can serve the
 # ticket. INVALID_ARGUMENT, NOT_FOUND and auth errors are final.
@@ -34,7 +38,9 @@ PUT_MESSAGE_BYTES = 4 << 20
 
 
 class EveryLocationFailedError(ConnectionError):
-    """No location could serve a stream within the retry budget."""
+    """No location could serve a call or a stream within the retry budget; its
+    ``__cause__`` is the last location's error (a library class when the server
+    named one: ``StoreUnavailableError``, ``CorruptCacheError``, ...)."""
 
 
 class EpochSample(NamedTuple):
@@ -99,21 +105,21 @@ class DatasetClient:
         only when read, so they are read here, inside the failover loop.
         """
         errors: list[str] = []
+        last: BaseException | None = None
         for location in self.locations:
             try:
-                result = getattr(self._client(location), method)(*args, options=self._options)
-                return list(result) if lazy else result
+                with _server_errors():
+                    result = getattr(self._client(location), method)(*args, options=self._options)
+                    return list(result) if lazy else result
             except RETRYABLE as error:
                 errors.append(f"{location}: {type(error).__name__}: {error}")
+                last = error
                 self._clients.pop(location, None)
-        raise EveryLocationFailedError("every location failed: " + "; ".join(errors))
+        raise EveryLocationFailedError("every location failed: " + "; ".join(errors)) from last
 
     def _action(self, kind: str, body: dict[str, Any] | None = None) -> Any:
         payload = json.dumps(body).encode() if body is not None else b""
-        try:
-            results = self._call("do_action", flight.Action(kind, payload), lazy=True)
-        except flight.FlightCancelledError as error:
-            raise _fenced_or(error) from None
+        results = self._call("do_action", flight.Action(kind, payload), lazy=True)
         return json.loads(results[0].body.to_pybytes())
 
     def close(self) -> None:
@@ -147,7 +153,9 @@ class DatasetClient:
         if population is not None:
             ticket["population"] = population
         reader = self._call("do_get", flight.Ticket(json.dumps(ticket).encode()))
-        return pl.DataFrame(reader.read_all())
+        with _server_errors():
+            table = reader.read_all()
+        return pl.DataFrame(table)
 
     def scan_metadata(self, dataset: str, population: str | None = None) -> pl.LazyFrame:
         """A stored population (the active one by default) as a Polars LazyFrame.
@@ -183,22 +191,25 @@ class DatasetClient:
         them with it (UNAVAILABLE goes on to the next location, a user error
         does not), and a server older than ``get_schema`` answers UNIMPLEMENTED."""
         errors: list[str] = []
+        last: BaseException | None = None
         descriptor = flight.FlightDescriptor.for_command(command)
         for location in self.locations:
             try:
                 client = self._client(location)
                 with suppress(OSError, pa.ArrowException):
                     return client.get_schema(descriptor, options=self._options).schema
-                reader = client.do_get(flight.Ticket(command), options=self._options)
-                try:
-                    return reader.schema
-                finally:
-                    with suppress(flight.FlightError, pa.ArrowException):
-                        reader.cancel()
+                with _server_errors():
+                    reader = client.do_get(flight.Ticket(command), options=self._options)
+                    try:
+                        return reader.schema
+                    finally:
+                        with suppress(flight.FlightError, pa.ArrowException):
+                            reader.cancel()
             except RETRYABLE as error:
                 errors.append(f"{location}: {type(error).__name__}: {error}")
+                last = error
                 self._clients.pop(location, None)
-        raise EveryLocationFailedError("every location failed: " + "; ".join(errors))
+        raise EveryLocationFailedError("every location failed: " + "; ".join(errors)) from last
 
     def _metadata_batches(self, ticket: flight.Ticket) -> Iterator[pa.RecordBatch]:
         """A (pinned) metadata ticket's batches as they arrive; after a failure the
@@ -206,26 +217,29 @@ class DatasetClient:
         are skipped (a stored population is immutable)."""
         delivered = 0
         failures: list[str] = []
+        last: BaseException | None = None
         attempts = self._retries * len(self.locations)
         for attempt in range(attempts):
             location = self.locations[attempt % len(self.locations)]
             reader = None
             try:
-                reader = self._client(location).do_get(ticket, options=self._options)
-                skip = delivered
-                for chunk in reader:
-                    batch = chunk.data
-                    if skip >= batch.num_rows:
-                        skip -= batch.num_rows
-                        continue
-                    batch, skip = batch.slice(skip), 0
-                    delivered += batch.num_rows
-                    yield batch
-                reader = None
-                return
+                with _server_errors():
+                    reader = self._client(location).do_get(ticket, options=self._options)
+                    skip = delivered
+                    for chunk in reader:
+                        batch = chunk.data
+                        if skip >= batch.num_rows:
+                            skip -= batch.num_rows
+                            continue
+                        batch, skip = batch.slice(skip), 0
+                        delivered += batch.num_rows
+                        yield batch
+                    reader = None
+                    return
             except RETRYABLE as error:
                 failures.append(f"{location}: {type(error).__name__}: {error}")
-                self.failovers.append((time.monotonic(), location, type(error).__name__))
+                last = error
+                self.failovers.append((time.monotonic(), location, _status(error)))
                 self._clients.pop(location, None)
                 reader = None
                 if attempt + 1 < attempts:
@@ -240,7 +254,7 @@ class DatasetClient:
                         reader.cancel()
         raise EveryLocationFailedError(
             f"every location failed after {attempts} attempts: " + "; ".join(failures[-5:])
-        )
+        ) from last
 
     def update_metadata(self, dataset: str, table: Any, *, activate: bool = True) -> str:
         """Validate and store ``table`` on the server; returns the population id.
@@ -250,7 +264,9 @@ class DatasetClient:
         A LazyFrame runs on Polars' streaming engine and each batch is written to
         the ``do_put`` stream as it comes; a Parquet path is read and sent batch
         by batch: neither is collected here. If it fails midway, its error is
-        raised and the server stores nothing.
+        raised and the server stores nothing. A put is not retried once its
+        table is being sent (it may be a stream that cannot be read twice): a
+        refusal is raised as its library class, such as ``InvalidPopulationError``.
         """
         descriptor = flight.FlightDescriptor.for_command(
             json.dumps({"dataset": dataset, "activate": activate})
@@ -260,7 +276,9 @@ class DatasetClient:
             return self._put_streamed(descriptor, source)
         arrow = pa.table(table)
         writer, reader = self._call("do_put", descriptor, arrow.schema)
-        try:
+        # Closing the writer (leaving the ``with``) raises the server's refusal;
+        # ``reader.read()`` then answered nothing.
+        with _server_errors(), writer:
             # In bounded messages, as a streamed put: a DataFrame is often one
             # chunk, and one message of the whole table would be held whole by
             # gRPC on both ends (a 10^7-row table: 320 MB).
@@ -269,8 +287,6 @@ class DatasetClient:
                     writer.write_batch(piece)
             writer.done_writing()
             answer = reader.read()
-        finally:
-            writer.close()
         return str(json.loads(answer.to_pybytes())["population"])
 
     def put(self, dataset: str, table: Any, *, activate: bool = True) -> str:
@@ -280,16 +296,17 @@ class DatasetClient:
     def _put_streamed(self, descriptor: flight.FlightDescriptor, source: StreamedTable) -> str:
         writer, reader = self._call("do_put", descriptor, source.schema)
         batches = source.batches()
-        try:
-            for batch in batches:
-                for piece in _bounded(batch, PUT_MESSAGE_BYTES):
-                    writer.write_batch(piece)
-            writer.done_writing()
-            answer = reader.read()
-        except BaseException:
-            _abandon_put(writer, source.schema)
-            raise
-        writer.close()
+        with _server_errors():
+            try:
+                for batch in batches:
+                    for piece in _bounded(batch, PUT_MESSAGE_BYTES):
+                        writer.write_batch(piece)
+                writer.done_writing()
+                answer = reader.read()
+            except BaseException:
+                _abandon_put(writer, source.schema)
+                raise
+            writer.close()  # raises the server's refusal (then ``answer`` is None)
         return str(json.loads(answer.to_pybytes())["population"])
 
     def set_epoch_len(self, dataset: str, epoch_len: int) -> int:
@@ -453,24 +470,25 @@ class DatasetClient:
         locations = list(locations or self.locations)
         delivered = 0
         failures: list[str] = []
+        last: BaseException | None = None
         attempts = self._retries * len(locations)
         for attempt in range(attempts):
             location = locations[attempt % len(locations)]
             resumed = ticket.resumed(ticket.offset + delivered)
             try:
-                reader = self._client(location).do_get(
-                    flight.Ticket(resumed.to_json()), options=self._options
-                )
-                for chunk in reader:
-                    batch = chunk.data
-                    delivered += batch.num_rows
-                    yield batch
-                return
-            except flight.FlightCancelledError as error:
-                raise _fenced_or(error) from None
+                with _server_errors():
+                    reader = self._client(location).do_get(
+                        flight.Ticket(resumed.to_json()), options=self._options
+                    )
+                    for chunk in reader:
+                        batch = chunk.data
+                        delivered += batch.num_rows
+                        yield batch
+                    return
             except RETRYABLE as error:
                 failures.append(f"{location}: {type(error).__name__}: {error}")
-                self.failovers.append((time.monotonic(), location, type(error).__name__))
+                last = error
+                self.failovers.append((time.monotonic(), location, _status(error)))
                 self._clients.pop(location, None)
                 if attempt + 1 < attempts:
                     self.failover_notes.append(
@@ -483,15 +501,31 @@ class DatasetClient:
                     )
         raise EveryLocationFailedError(
             f"every location failed after {attempts} attempts: " + "; ".join(failures[-5:])
-        )
+        ) from last
 
 
-def _fenced_or(error: flight.FlightCancelledError) -> Exception:
-    """A server cancels a fenced run's call (CANCELLED): raise it as the engine's
-    `FencedError`, with the server's words; any other cancel as it came."""
-    if "was resumed elsewhere" in str(error):
-        return FencedError(str(error).split(". Detail:")[0])
-    return cast(Exception, error)
+@contextmanager
+def _server_errors() -> Iterator[None]:
+    """Raise a pyarrow error of a call as `flight_client.errors.server_error`
+    makes it: the library's class the server named, with the server's message.
+    The classes stay subclasses of the pyarrow ones, so the failover's
+    ``except RETRYABLE`` sees the same statuses."""
+    try:
+        yield
+    except (flight.FlightError, pa.ArrowException) as error:
+        translated = server_error(error)
+        if translated is error:
+            raise
+        raise translated from None
+
+
+def _status(error: BaseException) -> str:
+    """The name of the pyarrow class (the status) ``error`` arrived as."""
+    return next(
+        cls.__name__
+        for cls in type(error).__mro__
+        if cls.__module__.startswith("pyarrow") or cls is BaseException
+    )
 
 
 def _bounded(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:

@@ -16,13 +16,24 @@ A client sees the message and the status, nothing of the server's insides:
   way to send INVALID_ARGUMENT or NOT_FOUND. So those two are raised as
   `InvalidArgument` and `NotFound`, and `hide_tracebacks` makes
   ``traceback.format_exception`` (which pyarrow calls for that detail) answer
-  just the status name for them. Every other exception formats as before, and
+  just the status name and the error's class for them. Every other exception formats as before, and
   the server's log keeps the whole error.
+
+A client also learns which class of `dataset_rt.errors` an error is
+(`error_class`), so that `flight_client` raises the library's own classes: a
+JSON object ``{"class": "InvalidPopulationError", ...}`` (with ``column``,
+``row`` and ``count`` when the error has them) goes in the Flight error's
+``extra_info`` for the Flight statuses, and after the status in the detail of
+INVALID_ARGUMENT and NOT_FOUND, which carry no ``extra_info`` in pyarrow
+(``"<message>. Detail: Python exception: INVALID_ARGUMENT {"class": ...}"``).
+Every INVALID_ARGUMENT and NOT_FOUND names a class (a malformed request is an
+`InvalidArgumentError`); a bug, a stream limit or an auth refusal names none.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import re
 import traceback
 from collections.abc import Callable, Mapping
@@ -36,6 +47,9 @@ import dataset_rt as drt
 
 #: Messages longer than this are cut (gRPC drops trailers over 16 KiB).
 MAX_MESSAGE_CHARS = 2000
+#: An error's class for the client (`error_class`) longer than this is sent
+#: without its fields.
+MAX_CLASS_CHARS = 500
 
 
 class ProtocolError(ValueError):
@@ -46,6 +60,13 @@ class ClientError:
     """Mixin of the exceptions a handler raises for the client's mistakes."""
 
     status = "UNKNOWN"
+    #: The error's class for the client (`error_class`), JSON; "" for none.
+    error_class = ""
+
+    @property
+    def detail(self) -> str:
+        """What pyarrow sends after "Detail: Python exception: "."""
+        return f"{self.status} {self.error_class}" if self.error_class else self.status
 
 
 class InvalidArgument(ClientError, pa.ArrowInvalid):  # type: ignore[misc]
@@ -132,7 +153,7 @@ def to_flight_error(
     if isinstance(error, flight.FlightError):
         return cast(Exception, error)  # already a status
     message = (redact or Redactor())(str(error))
-    status: Callable[[str], Exception]
+    status: type[Exception]
     match error:
         case (
             ProtocolError()
@@ -167,7 +188,42 @@ def to_flight_error(
             message = (
                 f"the server failed to answer ({type(error).__name__}); its log has the details"
             )
-    return status(_sendable(message))
+    kind = error_class(error)
+    if issubclass(status, flight.FlightError):
+        return status(_sendable(message), kind.encode())
+    refused = status(_sendable(message))
+    cast(ClientError, refused).error_class = kind
+    return refused
+
+
+def error_class(error: Exception) -> str:
+    """The class of `dataset_rt.errors` that ``error`` is for a client, as JSON
+    (``{"class": NAME}``, with ``column``, ``row`` and ``count`` when set), or
+    "" when it is none of them (a bug).
+
+    A malformed request (`ProtocolError`, or Arrow's own refusal of what the
+    client sent) is an `InvalidArgumentError`, and Arrow's missing key a
+    `NotFoundError`: each INVALID_ARGUMENT and NOT_FOUND names a class."""
+    fields: dict[str, object] = {}
+    match error:
+        case drt.DatasetRTError():
+            # The exported class itself (the extension creates no subclasses of
+            # its own, but a subclass of one would be sent as that one).
+            name = next(
+                c.__name__ for c in type(error).__mro__ if c.__module__ == drt.errors.__name__
+            )
+            for attribute in ("column", "row", "count"):
+                if getattr(error, attribute, None) is not None:
+                    fields[attribute] = getattr(error, attribute)
+        case ProtocolError() | pa.ArrowInvalid():
+            name = "InvalidArgumentError"
+        case pa.ArrowKeyError():
+            name = "NotFoundError"
+        case _:
+            return ""
+    kind = json.dumps({"class": name, **fields})
+    # A column's name comes from the client: the class is what matters.
+    return kind if len(kind) <= MAX_CLASS_CHARS else json.dumps({"class": name})
 
 
 def _sendable(message: str) -> str:
@@ -183,8 +239,8 @@ def hide_tracebacks() -> None:
 
     pyarrow formats the detail of a Python exception with
     ``traceback.format_exception(type, value, tb)``; for a `ClientError` this
-    answers its status name instead, so the client reads
-    ``"<message>. Detail: Python exception: INVALID_ARGUMENT"``.
+    answers its status name and class instead, so the client reads
+    ``"<message>. Detail: Python exception: INVALID_ARGUMENT {"class": ...}"``.
     """
     original = traceback.format_exception
     if getattr(original, "hides_client_errors", False):
@@ -194,7 +250,7 @@ def hide_tracebacks() -> None:
     def format_exception(exc: Any, /, *args: Any, **kwargs: Any) -> list[str]:
         value = args[0] if args else kwargs.get("value", exc)
         if isinstance(value, ClientError):
-            return [value.status]
+            return [value.detail]
         return original(exc, *args, **kwargs)
 
     format_exception.hides_client_errors = True  # type: ignore[attr-defined]

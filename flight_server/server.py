@@ -95,6 +95,9 @@ class _PutCounter:
 
     rows: int = 0
     bytes: int = 0
+    #: The limit the put passed, once it has: the engine reads the batches
+    #: through a C stream, which keeps only the text of this error.
+    refused: ProtocolError | None = None
 
 
 class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
@@ -292,7 +295,14 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         service = self.catalog.get(command.dataset)
         counted = _PutCounter()
         table = self._read_put(reader, counted)
-        population, rows = service.put(table, command.activate)
+        try:
+            population, rows = service.put(table, command.activate)
+        except Exception:
+            # Refused at a limit: that is the error, not the engine's "cannot
+            # read the Arrow stream" around it.
+            if counted.refused is not None:
+                raise counted.refused from None
+            raise
         self._note(rows=counted.rows, bytes=counted.bytes, population=population)
         log.info("%s: stored population %s (%d rows)", command.dataset, population, rows)
         # An activation sets the epoch length to the table's rows: that is the
@@ -321,16 +331,18 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 counted.rows += chunk.data.num_rows
                 counted.bytes += chunk.data.nbytes
                 if counted.rows > limits.max_put_rows:
-                    raise ProtocolError(
-                        f"the table has more than {limits.max_put_rows} rows, the most this "
-                        f"server takes in one do_put (--max-put-rows {limits.max_put_rows})"
+                    counted.refused = ProtocolError(
+                        f"--max-put-rows {limits.max_put_rows}: the table has more than "
+                        f"{limits.max_put_rows} rows, the most this server takes in one do_put"
                     )
-                if counted.bytes > limits.max_put_bytes:
-                    raise ProtocolError(
-                        f"the table has more than {limits.max_put_bytes} bytes of Arrow data, "
-                        f"the most this server takes in one do_put "
-                        f"(--max-put-bytes {limits.max_put_bytes})"
+                elif counted.bytes > limits.max_put_bytes:
+                    counted.refused = ProtocolError(
+                        f"--max-put-bytes {limits.max_put_bytes}: the table has more than "
+                        f"{limits.max_put_bytes} bytes of Arrow data, the most this server "
+                        "takes in one do_put"
                     )
+                if counted.refused is not None:
+                    raise counted.refused
                 yield chunk.data
 
         return pa.RecordBatchReader.from_batches(schema, batches())
