@@ -204,7 +204,10 @@ mod tests {
         assert!(problem.contains("checksum mismatch"), "{problem}");
         assert!(problem.contains("shard-00000.bin"), "{problem}");
         later();
-        assert!(live.problem().is_some(), "and stays so while the file is damaged");
+        assert!(
+            live.problem().is_some(),
+            "and stays so while the file is damaged"
+        );
 
         // Restored: served again.
         std::fs::write(shard(&dir), &good).unwrap();
