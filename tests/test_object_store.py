@@ -12,7 +12,6 @@ import contextlib
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from activations import contender_script
 from ceph_s3 import CephS3, free_port
 from conftest import ListSource, make_records, write
 
@@ -219,26 +219,7 @@ def test_removal_is_refused_on_object_storage(
     assert first in a.populations()
 
 
-CONTENDER = textwrap.dedent(
-    """
-    import json, sys
-    import pyarrow as pa
-    import dataset_rt as drt
-    from dataset_rt.service import DatasetService
-
-    cache, url, mirror, weight0, count = sys.argv[1:6]
-    runtime = drt.DatasetRuntime(num_workers=1)
-    service = DatasetService(runtime.native, "objects", [cache], url, mirror_dir=mirror)
-    base = pa.table(service.metadata())
-    at = base.schema.get_field_index("weight")
-    print("ready", flush=True)
-    sys.stdin.readline()
-    for i in range(int(count)):
-        weights = pa.array([float(weight0) + i] * base.num_rows, pa.float64())
-        population, _ = service.put(base.set_column(at, "weight", weights), True)
-        print(json.dumps(population), flush=True)
-    """
-)
+CONTENDER = contender_script(NAME)
 
 
 def test_concurrent_activations_from_two_replicas_each_get_their_own_entry(

@@ -38,6 +38,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from activations import contender_script
 from conftest import ListSource, make_records, write
 
 import dataset_rt as drt
@@ -169,26 +170,7 @@ def test_a_refused_update_adds_nothing(
 
 # -- concurrent activations -------------------------------------------------------
 
-CONTENDER = textwrap.dedent(
-    """
-    import json, sys
-    import pyarrow as pa
-    import dataset_rt as drt
-    from dataset_rt.service import DatasetService
-
-    cache, location, mirror, weight0, count = sys.argv[1:6]
-    runtime = drt.DatasetRuntime(num_workers=1)
-    service = DatasetService(runtime.native, "contract", [cache], location, mirror_dir=mirror)
-    base = pa.table(service.metadata())
-    at = base.schema.get_field_index("weight")
-    print("ready", flush=True)
-    sys.stdin.readline()
-    for i in range(int(count)):
-        weights = pa.array([float(weight0) + i] * base.num_rows, pa.float64())
-        population, _ = service.put(base.set_column(at, "weight", weights), True)
-        print(json.dumps(population), flush=True)
-    """
-)
+CONTENDER = contender_script(NAME)
 
 
 def test_concurrent_activations_each_get_their_own_entry_and_one_wins_each_round(
