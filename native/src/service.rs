@@ -237,7 +237,22 @@ impl DatasetService {
     /// Why this dataset cannot be served now (a cache file cut, replaced by a
     /// damaged one or deleted under the server), or None: for readiness.
     pub fn problem(&self) -> Option<String> {
-        self.caches.problem()
+        if let Some(problem) = self.caches.problem() {
+            return Some(problem);
+        }
+        // The populations in use: a rows file that changed since it was last
+        // seen (written over, or put back) is verified again in the
+        // background, its old verdict forgotten; a damaged one is named.
+        let loaded: Vec<Arc<Population>> = self.lock().ok()?.0.values().cloned().collect();
+        for population in loaded {
+            if population.recheck() {
+                population.verify_in_background();
+            }
+            if let Some(error) = population.damage() {
+                return Some(error.to_string());
+            }
+        }
+        None
     }
 
     /// The active population and epoch length (read from the shared store, so
@@ -259,8 +274,10 @@ impl DatasetService {
         let loaded = self.lock()?.0.get(id).cloned();
         if let Some(found) = loaded {
             // Another replica may have removed it: the store decides (one
-            // stat); a file cut under its mapping is opened again (or refused).
-            if self.store.contains(id) && found.truncation().is_none() {
+            // stat); a file cut under its mapping is opened again (or
+            // refused). A page found damaged stays found (each batch that
+            // reads it fails) until the file changes again (`recheck`).
+            if self.store.contains(id) && !found.cut() {
                 return Ok(found);
             }
             self.forget(id)?;

@@ -11,8 +11,8 @@ use arrow_array::builder::{Int32Builder, ListBuilder};
 use arrow_array::types::Int32Type;
 use arrow_array::{
     ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, DictionaryArray,
-    FixedSizeBinaryArray, Float32Array, Int64Array, LargeStringArray, NullArray, RecordBatch,
-    StringArray, StringViewArray, UInt64Array,
+    FixedSizeBinaryArray, Float32Array, Float64Array, Int64Array, LargeStringArray, NullArray,
+    RecordBatch, StringArray, StringViewArray, UInt64Array,
 };
 use dataset_rt_native::population::{write_population, Population, PopulationStore};
 use dataset_rt_native::sampling::StreamOrder;
@@ -488,9 +488,24 @@ fn identities_weight_and_sampler_take_24_bytes_a_row() {
     store.verify(&id, &caches).unwrap();
 }
 
-/// A key damaged in the rows file that names no cache: the table's identity
-/// columns read as an error naming the rows file, and the id no longer
-/// matches (verify), never a wrong value or a crash.
+/// A rows file as version 2 wrote it (no page sums): `bytes` of a version 3
+/// file with its sums cut off and its header rewritten.
+fn as_version_2(bytes: &[u8]) -> Vec<u8> {
+    let word = |i: usize| u64::from_le_bytes(bytes[16 + 8 * i..24 + 8 * i].try_into().unwrap());
+    let (rows, alias) = (word(0), word(2));
+    let end = (alias + rows * 8) as usize;
+    let mut out = bytes[..end].to_vec();
+    out[8..12].copy_from_slice(&2u32.to_le_bytes());
+    out[40..48].copy_from_slice(&(end as u64).to_le_bytes());
+    let sum = dataset_rt_native::hash::xxh3_64(&out[64..]);
+    out[48..56].copy_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// A key damaged in the rows file: the page it is in no longer matches its
+/// sum, so reading it is the population's damage naming the rows file (a
+/// `CorruptCache`, never a wrong value or a crash); in a file of version 2
+/// (no sums) a key that names no cache is refused where identities are read.
 #[test]
 fn a_damaged_key_is_an_error_where_the_identities_are_read() {
     let dir = tempfile::tempdir().unwrap();
@@ -498,21 +513,115 @@ fn a_damaged_key_is_an_error_where_the_identities_are_read() {
     let store = PopulationStore::open(&dir.path().join("state")).unwrap();
     let id = keep(&store, &caches, &table(&caches), &[100]);
     let rows_path = store.scratch_dir().join(format!("{id}.rows"));
-    let mut bytes = std::fs::read(&rows_path).unwrap();
-    // Row 3's key: its cache position (bits 40..) set to 5 of 1 cache.
-    bytes[64 + 3 * 8 + 5] = 5;
-    std::fs::write(&rows_path, &bytes).unwrap();
+    let good = std::fs::read(&rows_path).unwrap();
+    for (version, expected) in [
+        (3, "do not match their checksum"),
+        (2, "cache position past"),
+    ] {
+        let mut bytes = if version == 3 {
+            good.clone()
+        } else {
+            as_version_2(&good)
+        };
+        // Row 3's key: its cache position (bits 40..) set to 5 of 1 cache.
+        bytes[64 + 3 * 8 + 5] = 5;
+        std::fs::write(&rows_path, &bytes).unwrap();
+        let population = store.open_population(&id, &caches).unwrap();
+        let read: Result<Vec<RecordBatch>, _> =
+            population.unchecked_table().checked_slices().collect();
+        let error = Error::from(read.unwrap_err());
+        assert!(matches!(error, Error::CorruptCache { .. }), "{error:?}");
+        let error = error.to_string();
+        assert!(
+            error.contains(&format!("{id}.rows")) && error.contains(expected),
+            "version {version}: {error}"
+        );
+        let column = population.column("cache_id").unwrap().unwrap();
+        assert!(column.take(&[3]).is_err());
+        assert!(store.verify(&id, &caches).is_err());
+    }
+}
+
+/// The finding behind page sums: a rows file written over in place while
+/// its population is served. The draws that read a damaged page fail with
+/// the population's damage (before the batch is handed out), never a
+/// different epoch; draws that read no damaged page are exact; putting the
+/// file back serves the same epoch again.
+#[test]
+fn a_rows_file_written_over_in_place_fails_the_draws_that_read_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let n = 20_000usize;
+    let weights: Vec<f64> = (0..n).map(|i| 1.0 + (i % 10) as f64).collect();
+    let table = RecordBatch::try_from_iter([
+        (
+            "cache_id",
+            Arc::new(UInt64Array::from(vec![caches.caches()[0].cache_id(); n])) as ArrayRef,
+        ),
+        (
+            "sample_id",
+            Arc::new(UInt64Array::from_iter_values(
+                (0..n as u64).map(|i| i % RECORDS as u64),
+            )),
+        ),
+        (
+            "label",
+            Arc::new(Int64Array::from_iter_values(
+                (0..n as i64).map(|i| i % RECORDS as i64 % 7),
+            )),
+        ),
+        ("weight", Arc::new(Float64Array::from(weights))),
+    ])
+    .unwrap();
+    let id = store.put_table(&table).unwrap();
+    let rows_path = store.scratch_dir().join(format!("{id}.rows"));
     let population = store.open_population(&id, &caches).unwrap();
-    let read: Result<Vec<RecordBatch>, _> = population.unchecked_table().checked_slices().collect();
-    let error = dataset_rt_native::Error::from(read.unwrap_err()).to_string();
+    let order = StreamOrder::Weighted { key: 7 };
+    let draw = |population: &Population| {
+        let mut rows = Vec::new();
+        order.rows_at(population.alias(), 0..n as u64, &mut rows);
+        let records: Vec<(u32, u64)> = rows
+            .iter()
+            .map(|&r| population.record(r as usize))
+            .collect();
+        (records, population.damage())
+    };
+    let (epoch, damage) = draw(&population);
+    assert!(damage.is_none());
+
+    // 4 KiB written over in place in the alias table (another modification
+    // time, same inode and length): the open population sees it on recheck.
+    let good = std::fs::read(&rows_path).unwrap();
+    let mut bytes = good.clone();
+    let alias_at = 64 + (n * 8).div_ceil(64) * 64;
+    for b in &mut bytes[alias_at + 8192..alias_at + 12288] {
+        *b = b.wrapping_add(1);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&rows_path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes))
+        .unwrap();
+    assert!(population.recheck(), "the write is seen");
+    let (_, damage) = draw(&population);
+    let damage = damage.expect("the damaged page is found").to_string();
     assert!(
-        error.contains(".rows") && error.contains("cache position past"),
-        "{error}"
+        damage.contains(&format!("{id}.rows")) && damage.contains("checksum"),
+        "{damage}"
     );
-    let column = population.column("cache_id").unwrap().unwrap();
-    assert!(column.take(&[3]).is_err());
-    assert!(column.take(&[2]).is_ok());
+    // A population opened now finds it too, and verifying the store fails.
+    let reopened = store.open_population(&id, &caches).unwrap();
+    assert!(reopened.verify_pages().is_some());
     assert!(store.verify(&id, &caches).is_err());
+
+    // Put back: the same epoch.
+    std::fs::write(&rows_path, &good).unwrap();
+    let restored = store.open_population(&id, &caches).unwrap();
+    let (again, damage) = draw(&restored);
+    assert!(damage.is_none());
+    assert_eq!(again, epoch);
 }
 
 /// Stores written before the identities were left out (tables with their
@@ -527,8 +636,11 @@ fn a_store_of_the_last_format_still_reads_and_a_newer_one_is_refused() {
     let id = store.put_table(&table).unwrap();
     store.open_population(&id, &caches).unwrap();
     let rows_path = store.scratch_dir().join(format!("{id}.rows"));
-    let mut bytes = std::fs::read(&rows_path).unwrap();
-    assert_eq!(&bytes[8..12], &2u32.to_le_bytes());
+    let current = std::fs::read(&rows_path).unwrap();
+    assert_eq!(&current[8..12], &3u32.to_le_bytes());
+    std::fs::write(&rows_path, as_version_2(&current)).unwrap();
+    store.verify(&id, &caches).unwrap();
+    let mut bytes = as_version_2(&current);
     bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
     std::fs::write(&rows_path, &bytes).unwrap();
     let population = store.open_population(&id, &caches).unwrap();
@@ -537,7 +649,7 @@ fn a_store_of_the_last_format_still_reads_and_a_newer_one_is_refused() {
         dataset_rt_native::population::canonical(&table).unwrap()
     );
     store.verify(&id, &caches).unwrap();
-    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
     std::fs::write(&rows_path, &bytes).unwrap();
     let refused = store
         .open_population(&id, &caches)
@@ -545,7 +657,7 @@ fn a_store_of_the_last_format_still_reads_and_a_newer_one_is_refused() {
         .unwrap()
         .to_string();
     assert!(
-        refused.contains("rows file version 3; this build reads versions 1 to 2"),
+        refused.contains("rows file version 4; this build reads versions 1 to 3"),
         "{refused}"
     );
 }

@@ -253,6 +253,62 @@ def test_a_population_file_cut_under_the_server_is_refused_then_reopened(
         client.close()
 
 
+def read_ids(client: flight.FlightClient, dataset: str, got: list[int]) -> list[int]:
+    """The sample ids of a weighted ids-only epoch, appended to ``got`` batch by
+    batch (so that a stream failing midway leaves what it delivered)."""
+    ticket = {"dataset": dataset, "seed": 3, "epoch": 0, "payload": False}
+    for chunk in client.do_get(flight.Ticket(json.dumps(ticket)), options()):
+        got.extend(chunk.data.column("sample_id").to_pylist())
+    return got
+
+
+def test_a_rows_file_written_over_in_place_never_serves_another_epoch(
+    two_datasets: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """Issue 46, finding 3: 4 KiB of the active population's rows file written over
+    in place under a serving server. Before page sums, the weighted epoch silently
+    changed (331 of 20,000 draws); now every stream that reads the damaged page fails
+    with the server's damage naming the file (INTERNAL, what it delivered before
+    the failure is exact), /readyz names it, other datasets go on, and once the file
+    is put back the same epoch is served and the server is ready again."""
+    _, args = two_datasets
+    with ServerProcess(args) as server:
+        client = flight.connect(server.location())
+        url = probes_url(server)
+        epoch = read_ids(client, "damaged", [])
+        assert len(epoch) == RECORDS
+        (rows,) = (tmp_path / "state" / "damaged").glob("caches-*/populations/*.rows")
+        original = rows.read_bytes()
+        alias_at = 64 + -(-RECORDS * 8 // 64) * 64
+        page = slice(alias_at + 4096, alias_at + 8192)
+        time.sleep(0.02)  # another modification time than the file's
+        with rows.open("r+b") as file:  # in place: same inode, same length
+            file.seek(page.start)
+            file.write(bytes(b ^ 0x5A for b in original[page]))
+        for _ in range(3):
+            got: list[int] = []
+            with pytest.raises(flight.FlightInternalError) as failed:
+                read_ids(client, "damaged", got)
+            assert got == epoch[: len(got)], "what was delivered is the epoch's"
+            message = str(failed.value)
+            assert rows.name in message, message
+            assert "checksum" in message, message
+            assert str(tmp_path) not in message, message
+        assert server.process.poll() is None, f"the server died; {server.output()}"
+        assert read_epoch(client, "healthy") == 500, "other datasets go on"
+        until(lambda: rows.name in readyz(url)[1], "/readyz names the damaged rows file")
+        for _ in range(3):  # and keeps naming it
+            status, body = readyz(url)
+            assert status == 503, body
+            assert rows.name in body, body
+        with rows.open("r+b") as file:
+            file.seek(page.start)
+            file.write(original[page])
+        assert read_ids(client, "damaged", []) == epoch, "the same epoch once put back"
+        until(lambda: readyz(url)[0] == 200, "ready again once the file is put back")
+        client.close()
+
+
 def test_a_cut_index_fails_the_reads_that_meet_it(
     runtime: drt.DatasetRuntime, tmp_path: Path
 ) -> None:

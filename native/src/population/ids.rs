@@ -24,7 +24,7 @@ use arrow_schema::{DataType, Field, Schema};
 use super::key::{split_key, ROWS_HEADER, SAMPLE_BITS};
 use crate::error::{Error, Result};
 use crate::os::mapped::MappedFile;
-use crate::storage::Slab;
+use crate::storage::{CheckedPages, Slab};
 
 /// The schema metadata that lists a table file's left-out identity columns.
 pub const IDS_KEY: &str = "dataset_rt.ids";
@@ -159,16 +159,25 @@ pub struct Keys {
     keys: Slab<u64>,
     /// The rows file's mapping, which `keys` lie in at `ROWS_HEADER`.
     map: Arc<MappedFile>,
+    /// Its pages, verified on first touch.
+    pages: Arc<CheckedPages>,
     cache_ids: Arc<[u64]>,
     /// The rows file, for errors.
     path: PathBuf,
 }
 
 impl Keys {
-    pub fn new(keys: Slab<u64>, map: Arc<MappedFile>, cache_ids: Arc<[u64]>, path: &Path) -> Self {
+    pub fn new(
+        keys: Slab<u64>,
+        map: Arc<MappedFile>,
+        pages: Arc<CheckedPages>,
+        cache_ids: Arc<[u64]>,
+        path: &Path,
+    ) -> Self {
         Keys {
             keys,
             map,
+            pages,
             cache_ids,
             path: path.to_path_buf(),
         }
@@ -190,6 +199,9 @@ impl Keys {
             .keys
             .get(rows.clone())
             .ok_or_else(|| self.past(rows.end))?;
+        self.pages
+            .touch_range(ROWS_HEADER + rows.start * 8..ROWS_HEADER + rows.end * 8);
+        self.check_pages()?;
         // Keys of the first cache are their sample ids: a 64-bit sample id
         // column of them is a view of the rows file, no copy (a dataset of
         // one cache, the common case, never makes its sample ids).
@@ -221,7 +233,23 @@ impl Keys {
                     .ok_or_else(|| self.past(row as usize))
             })
             .collect::<Result<Vec<u64>>>()?;
+        for &row in rows {
+            self.pages.touch(ROWS_HEADER + row as usize * 8);
+        }
+        self.check_pages()?;
         self.make(column, keys.into_iter(), dtype)
+    }
+
+    /// The rows file's damage, if a read found a page that does not match
+    /// its sum.
+    fn check_pages(&self) -> Result<()> {
+        match self.pages.damage() {
+            Some(detail) => Err(Error::corrupt_population(
+                Path::new("populations").join(self.path.file_name().unwrap_or_default()),
+                detail,
+            )),
+            None => Ok(()),
+        }
     }
 
     fn past(&self, row: usize) -> Error {

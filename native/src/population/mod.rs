@@ -48,6 +48,8 @@ pub struct Population {
     rows: PopulationRows,
     /// The stored columns and the types the caches hold them in.
     stored: Vec<(String, DataType)>,
+    /// A background verification of the rows file runs (`verify_in_background`).
+    verifying: std::sync::atomic::AtomicBool,
 }
 
 /// A column a stream carries, taken from the population's table by row and
@@ -74,6 +76,7 @@ impl Population {
             table,
             rows,
             stored,
+            verifying: Default::default(),
         })
     }
 
@@ -147,16 +150,62 @@ impl Population {
         self.rows.alias()
     }
 
-    /// The error for a file of the population that a read found cut short
-    /// under its mapping (its pages now read as zeros), if any.
-    pub fn truncation(&self) -> Option<Error> {
-        let path = self.rows.truncated().or_else(|| self.table.truncated())?;
+    /// Why the population's files cannot be served as read: a file a read
+    /// found cut short under its mapping (its pages now read as zeros), or a
+    /// page of the rows file that does not match its sum. Asked before a
+    /// batch that read from them is handed out.
+    pub fn damage(&self) -> Option<Error> {
         // Named by file (the population's id), not by the state volume's path.
-        Some(Error::corrupt_population(
-            Path::new("populations").join(path.file_name().unwrap_or_default()),
-            "the population's file was cut short while it was being read; the next request \
-             opens it again (and refuses it if it is still damaged)",
-        ))
+        let named =
+            |path: &Path| Path::new("populations").join(path.file_name().unwrap_or_default());
+        if let Some(path) = self.rows.truncated().or_else(|| self.table.truncated()) {
+            return Some(Error::corrupt_population(
+                named(path),
+                "the population's file was cut short while it was being read; the next \
+                 request opens it again (and refuses it if it is still damaged)",
+            ));
+        }
+        let detail = self.rows.damage()?;
+        Some(Error::corrupt_population(named(self.rows.path()), detail))
+    }
+
+    /// Whether a read found a file of the population cut short under its
+    /// mapping (it must be opened again).
+    pub fn cut(&self) -> bool {
+        self.rows.truncated().is_some() || self.table.truncated().is_some()
+    }
+
+    /// Whether the rows file on disk is no longer the one opened (one
+    /// `stat`); its pages are then verified again as they are read.
+    pub fn recheck(&self) -> bool {
+        self.rows.recheck()
+    }
+
+    /// Verify every page of the rows file not verified yet (a full read of
+    /// the rest); the damage found, if any.
+    pub fn verify_pages(&self) -> Option<Error> {
+        self.rows.verify_pages();
+        self.damage()
+    }
+
+    /// `verify_pages` on a thread of its own (one at a time): for a file
+    /// that changed on disk, so that readiness reports damage in pages no
+    /// stream has read yet.
+    pub fn verify_in_background(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        if self.verifying.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let population = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("verify-population".into())
+            .spawn(move || {
+                population.verify_pages();
+                population.verifying.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.verifying.store(false, Ordering::Release);
+        }
     }
 
     /// The record of population row `row`: (cache position, sample id).

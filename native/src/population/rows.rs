@@ -4,18 +4,23 @@
 //!
 //! ```text
 //! offset 0    header, 64 bytes (little-endian):
-//!               magic "DRTROWS1" | version u32 = 2 (1 is read) | reserved u32
+//!               magic "DRTROWS1" | version u32 = 3 (1 and 2 are read) | reserved u32
 //!               rows u64 | caches key u64 | alias offset u64
 //!               file length u64 | xxh3-64 of bytes 64..file length
 //! offset 64   keys:    rows x u64   cache position << 40 | sample id
 //! (64-aligned) alias:   rows x (u32 threshold, u32 alias)
+//! then        sums:    an xxh3-64 per 4 KiB page of bytes 64..sums (version 3)
 //! ```
 //! The caches key is the xxh3 of the cache ids in the dataset's order (the
 //! order cache positions refer to). Opening checks the header, the lengths and
-//! the caches key, O(1): a truncated or foreign file is refused at once. The
-//! checksum is verified on request (`verify`), like a cache's file checksums;
-//! a value damaged on disk can only send a read to a record that does not
-//! exist, which the cache refuses (never a crash).
+//! the caches key, O(1): a truncated or foreign file is refused at once. Each
+//! page of keys and alias table is verified against its sum the first time a
+//! read touches it (`storage::pages`), so a page damaged on disk or written
+//! over fails the batch that read it (the population's damage) instead of
+//! changing the epoch. The whole-file checksum is verified on request
+//! (`verify`), like a cache's file checksums. Files of versions 1 and 2 have
+//! no page sums: they are read as before (a damaged key can only name a
+//! record the cache refuses, or another record).
 //!
 //! The file is written as the table streams in: keys go to the file, the
 //! validated weights to a scratch file; `finish` builds the alias table from
@@ -34,14 +39,18 @@ use crate::error::{Error, IoContext, Result};
 use crate::hash::{xxh3_64, Xxh3};
 use crate::os::mapped::{map_allocated, MappedFile};
 use crate::sampling::{build_alias, AliasColumn, AliasTable};
-use crate::storage::{CacheSet, Slab, Writeback};
+use crate::storage::pages::PAGE;
+use crate::storage::{page_sums, CacheSet, CheckedPages, Slab, Writeback};
 
 const MAGIC: &[u8; 8] = b"DRTROWS1";
 /// Version 2 files go with tables that leave their identity columns out
 /// (`ids.rs`); the layout is version 1's, which is still read. A build
 /// that reads version 1 only refuses a version 2 file by its version, so a
 /// replica not yet upgraded cannot serve such a table without its ids.
-const VERSION: u32 = 2;
+/// Version 3 adds the page sums after the alias table; a build that reads
+/// up to version 2 refuses it by its version.
+const VERSION: u32 = 3;
+const FIRST_WITH_SUMS: u32 = 3;
 const VERSIONS_READ: std::ops::RangeInclusive<u32> = 1..=VERSION;
 const HEADER: usize = ROWS_HEADER;
 const WRITE_BUFFER: usize = 1 << 20;
@@ -50,6 +59,11 @@ const WRITE_BUFFER: usize = 1 << 20;
 pub struct PopulationRows {
     keys: Slab<u64>,
     alias: AliasTable,
+    /// The keys' and alias table's pages, verified on first touch.
+    pages: Arc<CheckedPages>,
+    /// The file as last seen (`storage::Stamp`): another one means it was
+    /// written over or replaced since, and its pages are verified again.
+    stamp: std::sync::Mutex<crate::storage::Stamp>,
     /// The last cache position: a damaged key never names a cache past it.
     last_cache: u32,
     map: Arc<MappedFile>,
@@ -69,6 +83,7 @@ pub fn caches_key(caches: &CacheSet) -> u64 {
 }
 
 struct Header {
+    version: u32,
     rows: u64,
     caches_key: u64,
     alias: u64,
@@ -77,16 +92,27 @@ struct Header {
 }
 
 impl Header {
-    /// (alias offset, file length) of a file of `rows` rows.
-    fn layout(rows: u64) -> (u64, u64) {
+    /// (alias offset, page sums offset, file length) of a file of `rows`
+    /// rows in `version`'s layout (before version 3: no sums, the sums
+    /// offset is the file's end).
+    fn layout(rows: u64, version: u32) -> (u64, u64, u64) {
         let alias = (HEADER as u64 + rows * 8).div_ceil(64) * 64;
-        (alias, alias + rows * 8)
+        let sums = alias + rows * 8;
+        if version < FIRST_WITH_SUMS {
+            return (alias, sums, sums);
+        }
+        let pages = (sums - HEADER as u64).div_ceil(PAGE as u64);
+        (alias, sums, sums + pages * 8)
+    }
+
+    fn sums_at(&self) -> u64 {
+        Header::layout(self.rows, self.version).1
     }
 
     fn bytes(&self) -> [u8; HEADER] {
         let mut out = [0u8; HEADER];
         out[..8].copy_from_slice(MAGIC);
-        out[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        out[8..12].copy_from_slice(&self.version.to_le_bytes());
         let words = [
             self.rows,
             self.caches_key,
@@ -133,6 +159,7 @@ impl Header {
             ));
         }
         let header = Header {
+            version,
             rows: word(0),
             caches_key: word(1),
             alias: word(2),
@@ -142,7 +169,8 @@ impl Header {
         if header.rows == 0 || header.rows > u32::MAX as u64 {
             return Err(format!("the header says {} rows", header.rows));
         }
-        if Header::layout(header.rows) != (header.alias, header.len) {
+        let (alias, _, len) = Header::layout(header.rows, version);
+        if (alias, len) != (header.alias, header.len) {
             return Err("the header's section offsets do not match its row count".into());
         }
         Ok(header)
@@ -164,13 +192,24 @@ impl PopulationRows {
         let rows = header.rows as usize;
         let keys = Slab::mapped(&map, HEADER, rows).map_err(damaged)?;
         let alias = Slab::mapped(&map, header.alias as usize, rows).map_err(damaged)?;
+        let pages = Arc::new(if header.version < FIRST_WITH_SUMS {
+            CheckedPages::trusted()
+        } else {
+            let sums_at = header.sums_at() as usize;
+            let count = (sums_at - HEADER).div_ceil(PAGE);
+            let sums = Slab::mapped(&map, sums_at, count).map_err(damaged)?;
+            CheckedPages::new(map.clone(), HEADER, sums_at, sums, path).map_err(damaged)?
+        });
+        let stamp = crate::storage::file_stamp(&file.metadata().at("cannot stat", path)?);
         // Both sections are read at random; a cold file starts with
         // single-page faults while it is read ahead (`warmup`).
         let cold = crate::warmup::Cold::default();
         crate::warmup::open_random(&Arc::new(file), &map, HEADER..map.len(), &cold);
         Ok(PopulationRows {
             keys,
-            alias: AliasTable::stored(alias, cold.clone()),
+            alias: AliasTable::stored(alias, header.alias as usize, pages.clone(), cold.clone()),
+            pages,
+            stamp: std::sync::Mutex::new(stamp),
             cold,
             last_cache: caches.caches().len().saturating_sub(1) as u32,
             map,
@@ -213,6 +252,10 @@ impl PopulationRows {
         self.keys.len()
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The file, if a read found it cut short under its mapping.
     pub fn truncated(&self) -> Option<&Path> {
         self.map.truncated().then_some(self.path.as_path())
@@ -228,13 +271,50 @@ impl PopulationRows {
 
     /// The rows' identities, for a table that leaves them out (`ids.rs`).
     pub fn keys(&self, cache_ids: Arc<[u64]>) -> Keys {
-        Keys::new(self.keys.clone(), self.map.clone(), cache_ids, &self.path)
+        Keys::new(
+            self.keys.clone(),
+            self.map.clone(),
+            self.pages.clone(),
+            cache_ids,
+            &self.path,
+        )
+    }
+
+    /// Why the file's bytes cannot be trusted, if a read found a page that
+    /// does not match its sum.
+    pub fn damage(&self) -> Option<String> {
+        self.pages.damage()
+    }
+
+    /// Whether the file on disk is no longer the one opened (written over in
+    /// place, replaced, deleted): one `stat`. Its pages are then verified
+    /// again as they are read.
+    pub fn recheck(&self) -> bool {
+        let now = std::fs::metadata(&self.path)
+            .map(|m| crate::storage::file_stamp(&m))
+            .unwrap_or_default();
+        let Ok(mut seen) = self.stamp.lock() else {
+            return false;
+        };
+        if *seen == now {
+            return false;
+        }
+        *seen = now;
+        self.pages.reset();
+        true
+    }
+
+    /// Verify every page not verified yet (a full read of the rest of the
+    /// file); true when none is damaged.
+    pub fn verify_pages(&self) -> bool {
+        self.pages.verify_all()
     }
 
     /// Row `row`'s record: (cache position, sample id). A row past the end or
     /// a damaged key gives a record the cache refuses, never a bad position.
     #[inline]
     pub fn record(&self, row: usize) -> (u32, u64) {
+        self.pages.touch(HEADER + row * 8);
         let key = self.keys.get(row).copied().unwrap_or(u64::MAX);
         (
             ((key >> SAMPLE_BITS) as u32).min(self.last_cache),
@@ -347,7 +427,7 @@ impl RowsWriter {
         let weights_in = weights
             .into_inner()
             .map_err(|e| Error::io("cannot write", weights_file.path(), e.into_error()))?;
-        let (alias_at, len) = Header::layout(rows);
+        let (alias_at, sums_at, len) = Header::layout(rows, VERSION);
         let n = rows as usize;
         {
             // Allocated before they are mapped (`map_allocated`): a store
@@ -366,7 +446,13 @@ impl RowsWriter {
                 cast_mut(&mut map[alias_at as usize..alias_at as usize + n * 8]);
             let stack: &mut [u32] = cast_mut(&mut stack_map[..n * 4]);
             build_alias(weights, total, columns, stack)?;
+            let sums_at = sums_at as usize;
+            let sums = page_sums(&map[HEADER..sums_at]);
+            for (slot, sum) in map[sums_at..].chunks_exact_mut(8).zip(&sums) {
+                slot.copy_from_slice(&sum.to_le_bytes());
+            }
             let header = Header {
+                version: VERSION,
                 rows,
                 caches_key: caches_key(caches),
                 alias: alias_at,

@@ -6,8 +6,10 @@
 //! same function builds the tables of vectors (`AliasTable::new`), so both give
 //! the same table, entry for entry, for the same weights.
 
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
-use crate::storage::{Plain, Slab};
+use crate::storage::{CheckedPages, Plain, Slab};
 
 /// One column of the table: kept when the 32-bit fraction is below
 /// `threshold`, otherwise `alias` is drawn. Eight bytes, so a draw touches one
@@ -124,6 +126,10 @@ fn fraction_to_threshold(p: f64) -> u32 {
 /// The alias table of a population, read where it is stored.
 pub struct AliasTable {
     columns: Slab<AliasColumn>,
+    /// The pages `columns` lie in, verified on first touch; `at` is the
+    /// byte offset of column 0 in them.
+    pages: Arc<CheckedPages>,
+    at: usize,
     /// Set while the stored table is not in memory (`warmup`).
     cold: crate::warmup::Cold,
 }
@@ -144,14 +150,26 @@ impl AliasTable {
         crate::os::prefetch::huge_pages(&columns);
         Ok(AliasTable {
             columns: Slab::from_vec(columns),
+            pages: Arc::new(CheckedPages::trusted()),
+            at: 0,
             cold: Default::default(),
         })
     }
 
-    /// A table built by `build_alias` where `columns` holds it; `cold` while
-    /// its file is not in memory.
-    pub fn stored(columns: Slab<AliasColumn>, cold: crate::warmup::Cold) -> Self {
-        AliasTable { columns, cold }
+    /// A table built by `build_alias` where `columns` holds it, at byte `at`
+    /// of `pages`; `cold` while its file is not in memory.
+    pub fn stored(
+        columns: Slab<AliasColumn>,
+        at: usize,
+        pages: Arc<CheckedPages>,
+        cold: crate::warmup::Cold,
+    ) -> Self {
+        AliasTable {
+            columns,
+            pages,
+            at,
+            cold,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -169,6 +187,7 @@ impl AliasTable {
     #[inline]
     pub fn sample(&self, word: u64) -> usize {
         let product = word as u128 * self.columns.len() as u128;
+        self.pages.touch(self.at + (product >> 64) as usize * 8);
         let column = self.columns[(product >> 64) as usize];
         let fraction = ((product as u64) >> 32) as u32;
         if fraction < column.threshold {
@@ -202,6 +221,7 @@ impl AliasTable {
             }
             for &product in &products[..filled] {
                 let column = (product >> 64) as usize;
+                self.pages.touch(self.at + column * 8);
                 let entry = columns[column];
                 let fraction = ((product as u64) >> 32) as u32;
                 out.push(if fraction < entry.threshold {

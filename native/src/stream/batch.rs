@@ -204,6 +204,9 @@ impl BatchContext {
     /// batched draw: about twice as fast per row as drawing one position at a time,
     /// and a permutation is built once per cycle, not once per position).
     pub fn rows_at(&self, first: u64, n: u64, out: &mut Vec<u32>) {
+        // A rows file written over since it was opened has its pages
+        // verified again before these draws read them (one `stat`).
+        self.population.recheck();
         self.order.rows_at(
             self.population.alias(),
             self.window.positions(first, n),
@@ -274,6 +277,12 @@ impl BatchContext {
                 return Err(error);
             }
         }
+        // A page of the population's rows file that these draws read and
+        // that does not match its sum (`storage::pages`): the batch would be
+        // another epoch's. Two atomic loads.
+        if let Some(error) = self.population.damage() {
+            return Err(error);
+        }
         built
     }
 
@@ -281,7 +290,7 @@ impl BatchContext {
     pub fn truncation(&self) -> Option<Error> {
         self.caches
             .truncation()
-            .or_else(|| self.population.truncation())
+            .or_else(|| self.population.damage())
     }
 
     fn build_rows(&self, first: u64, draws: &[Draw], payload_bytes: u64) -> Result<RecordBatch> {

@@ -21,6 +21,7 @@ pub fn draw_rows(
     order: StreamOrder,
     window: StreamWindow,
 ) -> Result<Vec<u32>> {
+    population.recheck();
     let chunks = window.count.div_ceil(CHUNK);
     let (sender, receiver) = unbounded();
     for c in 0..chunks {
@@ -45,6 +46,10 @@ pub fn draw_rows(
     }
     if received != chunks {
         return Err(Error::internal("a worker thread failed while drawing"));
+    }
+    // A page of the rows file the draws read that does not match its sum.
+    if let Some(error) = population.damage() {
+        return Err(error);
     }
     Ok(out)
 }

@@ -18,7 +18,7 @@ mod read;
 mod remote;
 mod set;
 mod shard;
-pub use shard::Stamp;
+pub use shard::{identity as file_stamp, Stamp};
 mod verify;
 
 use std::path::{Path, PathBuf};
