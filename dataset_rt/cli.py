@@ -123,14 +123,15 @@ def _write(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    """Write a cache from Parquet; bad input (path, column, type, name) exits 2."""
+    """Write a cache from Parquet; bad input (path, column, type, name, an existing
+    cache of other records) exits 2, an existing cache of the same records is reused."""
     from dataset_rt.config import WriterConfig
     from dataset_rt.runtime import DatasetRuntime, _write_arrow_cache
 
     try:
         _native.validate_source_name(args.name)
         runtime = DatasetRuntime(num_workers=args.num_workers)
-        path = _write_arrow_cache(
+        path, reused = _write_arrow_cache(
             runtime.native,
             args.path,
             args.base_dir,
@@ -144,8 +145,9 @@ def _import(args: argparse.Namespace) -> int:
         return 2
     _end_progress_line()
     info = _native.inspect_cache(str(path))
+    done = "reused (it holds these records), " if reused else ""
     print(
-        f"ok: {args.name} -> {path}: {info.record_count} records, "
+        f"ok: {args.name} -> {path}: {done}{info.record_count} records, "
         f"{_human_bytes(info.payload_bytes)}, cache_id {info.cache_id}"
     )
     return 0
@@ -218,7 +220,8 @@ def _parser() -> argparse.ArgumentParser:
     verify.set_defaults(run=_verify)
     write_help = (
         "write (or reuse) the caches of MODULE:ATTRIBUTE (a source, a source class, a "
-        "factory or a list of sources) under BASE_DIR"
+        "factory or a list of sources) under BASE_DIR; a cache that exists is reused "
+        "without running its source (its name stands for its records)"
     )
     write = commands.add_parser("write", help=write_help, description=write_help)
     write.add_argument("source", help="MODULE:ATTRIBUTE, importable from the current directory")
@@ -228,7 +231,9 @@ def _parser() -> argparse.ArgumentParser:
     import_help = (
         "write the cache BASE_DIR/NAME from a Parquet file or a directory of Parquet "
         "files, one record per row: --payload-column is the payload (binary), the other "
-        "columns are stored metadata; a progress bar is drawn when stderr is a terminal"
+        "columns are stored metadata; a progress bar is drawn when stderr is a terminal. "
+        "An existing BASE_DIR/NAME is reused when it holds the same records (the same "
+        "cache_id) and is an error (exit 2) otherwise"
     )
     ingest = commands.add_parser("import", help=import_help, description=import_help)
     ingest.add_argument("path", type=Path, help="a Parquet file or a directory of them")

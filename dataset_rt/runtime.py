@@ -18,6 +18,7 @@ from dataset_rt.dataset import (
     CacheSourcesDatasetSuccess,
 )
 from dataset_rt.errors import DatasetRTError, InvalidArgumentError, SourceError
+from dataset_rt.existing import write_or_reuse
 from dataset_rt.facade import facade_module
 from dataset_rt.records import (
     CacheSource,
@@ -134,7 +135,9 @@ class DatasetRuntime:
 
         Returns one `CacheWriteSuccess` or `CacheWriteError` per source, in order;
         a failing source never stops the others. A cache that already exists is
-        not overwritten (its source is reported as an error naming the path).
+        never overwritten: the source is read and the cache is reused when the
+        records are the same (the same ``cache_id``), else the source's result is
+        an error naming the path and what to do (`dataset_rt.existing`).
         """
         return self._write_sources(sources, Path(base_dir), writer_config, reuse=False)
 
@@ -180,7 +183,9 @@ class DatasetRuntime:
         a `CacheWriteError` whose message names the column and record at fault
         (or the bad ``name``, a missing path, ``data`` of an unknown kind: what
         `write_cache` reports as a source's failure); a failed write leaves no
-        cache. An existing cache is not overwritten.
+        cache. An existing cache is never overwritten: it is reused when ``data``
+        holds the same records (the same ``cache_id``), else the result is an error
+        naming the path and what to do (`dataset_rt.existing`).
         """
         config = _checked_writer_config(writer_config)
         if not isinstance(payload_column, str):
@@ -189,7 +194,7 @@ class DatasetRuntime:
             )
         try:
             _native.validate_source_name(name)
-            path = _write_arrow_cache(
+            path, _ = _write_arrow_cache(
                 self._native, data, Path(base_dir), name, payload_column, config, batch_size
             )
         except DatasetRTError as error:
@@ -209,7 +214,8 @@ class DatasetRuntime:
     ) -> CacheSourcesDatasetResult:
         """`from_cache_sources` for columnar data: reuse ``base_dir / name`` or write it.
 
-        When the cache exists, ``data`` is not read (it is checked as
+        When the cache exists, ``data`` is not read (its name stands for its
+        records, as for `from_cache_sources`; the cache is checked as
         `from_cache_sources` checks an existing cache); otherwise it is written
         with `write_arrow`. Then the cache is opened: the result is
         `CacheSourcesDatasetSuccess`, or `CacheSourcesDatasetError` with the
@@ -346,16 +352,20 @@ class DatasetRuntime:
             # Refuse a damaged cache loudly instead of reading or deleting it.
             _native.check_cache(str(target), config.validate_cache)
             return target
-        written = _native.write_cache(
-            self._native,
-            iter(source),  # type: ignore[call-overload]
-            str(base_dir),
-            name,
-            config.options,
-            total=_length_hint(source),
-            profiler=profiler,
-        )
-        return Path(written)
+
+        def write(base: Path) -> str:
+            return _native.write_cache(
+                self._native,
+                iter(source),  # type: ignore[call-overload]
+                str(base),
+                name,
+                config.options,
+                total=_length_hint(source),
+                profiler=profiler,
+            )
+
+        path, _ = write_or_reuse(base_dir, name, write, full_check=config.validate_cache)
+        return path
 
 
 def _valid_name(name: str) -> bool:
@@ -382,9 +392,10 @@ def _write_arrow_cache(
     payload_column: str,
     config: WriterConfig,
     batch_size: int,
-) -> Path:
+) -> tuple[Path, bool]:
     """`DatasetRuntime.write_arrow`, raising the engine's error (the CLI's exit code
-    depends on its class)."""
+    depends on its class): the cache's path, and whether an identical existing cache
+    was reused (`dataset_rt.existing`)."""
     import pyarrow as pa
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -395,21 +406,26 @@ def _write_arrow_cache(
         raise SourceError(f"cannot read {data}: {error}") from error
     options = config.options
     profiler = _native.WriteProfiler() if options.profile_path is not None else None
-    try:
-        written = _native.write_arrow(
+
+    def write(base: Path) -> str:
+        return _native.write_arrow(
             runtime,
             stream,
-            str(base_dir),
+            str(base),
             name,
             payload_column,
             options,
             total=total,
             profiler=profiler,
         )
+
+    try:
+        return write_or_reuse(
+            base_dir, name, write, full_check=config.validate_cache, records=total
+        )
     finally:
         if options.profile_path is not None and profiler is not None:
             _write_profile(Path(options.profile_path), [(name, profiler)])
-    return Path(written)
 
 
 def _write_profile(path: Path, profiles: list[tuple[str, _native.WriteProfiler]]) -> None:

@@ -1,4 +1,12 @@
-"""The example programs users already run (``../shared/examples/``) run unmodified."""
+"""The example programs run as their users run them, twice in a fresh directory.
+
+- ``examples/`` (the programs the README and docs point to): each one prints what
+  its docstring shows, on a first run and on a second run in the same directory,
+  which leaves the same files (``examples/train_ddp.py`` needs ``torchrun`` and a
+  server: tests/training/test_guide.py runs it).
+- ``../shared/examples/`` (programs users wrote against dataset-rt 0.4.8) run
+  unmodified: the compatibility the project keeps.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +16,86 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from test_readme import _matches
+
+REPO_EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# Run elsewhere, and why: they need more than `python example.py`.
+RUN_ELSEWHERE = {"train_ddp.py": "needs torchrun and a server: tests/training/test_guide.py"}
 EXAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "examples"
 BALANCE = EXAMPLES / "balance.py"
+# The docstring's documented output: the indented block after a line that ends
+# "prints ...:" (up to the docstring's end or the first unindented line).
+DOCUMENTED = re.compile(r"prints[^\n]*:\n\n((?:    [^\n]*\n|\n)+)")
+
+
+def _repo_examples() -> list[Path]:
+    return sorted(p for p in REPO_EXAMPLES.glob("*.py") if p.name not in RUN_ELSEWHERE)
+
+
+def _documented_output(example: Path) -> str:
+    """What the example's docstring shows it prints."""
+    docstring = example.read_text().split('"""')[1] + "\n"
+    match = DOCUMENTED.search(docstring)
+    assert match, f"{example.name}'s docstring shows no output (indented, after 'prints ...:')"
+    lines = match.group(1).rstrip("\n").split("\n")
+    return "".join(line.removeprefix("    ") + "\n" for line in lines)
+
+
+def test_every_example_is_run() -> None:
+    names = {p.name for p in REPO_EXAMPLES.glob("*.py")}
+    assert "balance.py" in names
+    assert set(RUN_ELSEWHERE) <= names, "an example run elsewhere is gone: update RUN_ELSEWHERE"
+
+
+@pytest.mark.parametrize("example", _repo_examples(), ids=lambda p: p.name)
+def test_example_runs_twice_in_a_fresh_directory_and_prints_its_doc(
+    example: Path, tmp_path: Path
+) -> None:
+    documented = _documented_output(example)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(example)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == ""  # no progress bar without a terminal, no warning
+        assert _matches(documented, done.stdout), (
+            f"{example.name} prints otherwise:\n{done.stdout}\nits docstring shows:\n{documented}"
+        )
+        runs.append((done.stdout, _tree_state(tmp_path)))
+    (first, written), (second, after) = runs
+    assert second == first
+    # The second run reuses what the first wrote: nothing written, renamed or added.
+    assert after == written
+
+
+def test_the_balance_example_balances(tmp_path: Path) -> None:
+    """What examples/balance.py shows, as a statistical statement: three classes of
+    equal total weight, so each of 3000 draws is a class with p = 1/3."""
+    done = subprocess.run(
+        [sys.executable, str(REPO_EXAMPLES / "balance.py"), "--seed", "11"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    match = re.search(
+        r"^drawn per class in 3000 samples: \[(\d+), (\d+), (\d+)\]$", done.stdout, re.M
+    )
+    assert match, done.stdout
+    counts = [int(n) for n in match.groups()]
+    assert sum(counts) == 3000
+    bound = 5 * math.sqrt(3000 * (1 / 3) * (2 / 3))  # five binomial standard deviations
+    assert all(abs(n - 1000) <= bound for n in counts), counts
+    assert "weight per class: [1.0, 1.0, 1.0]" in done.stdout
+
 
 EPOCH_LEN = 120
 # Two classes reweighted to equal total weight: each draw is label 1 with p = 1/2.

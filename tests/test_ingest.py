@@ -259,11 +259,14 @@ def test_bad_arguments_fail_as_write_cache_fails(
             payload_column="data",
             writer_config=None,  # type: ignore[arg-type]
         )
-    # An existing cache is never overwritten.
-    _arrow_cache(runtime, tmp_path, table)
+    # An existing cache is never overwritten: the same records reuse it, other
+    # records are refused (tests/test_existing.py, for every entry point).
+    path = _arrow_cache(runtime, tmp_path, table)
     again = runtime.write_arrow(table, tmp_path, name=NAME, payload_column="data")
-    assert isinstance(again, drt.CacheWriteError)
-    assert "already exists" in again.message
+    assert again == drt.CacheWriteSuccess(NAME, path)
+    other = runtime.write_arrow(table.slice(1), tmp_path, name=NAME, payload_column="data")
+    assert isinstance(other, drt.CacheWriteError)
+    assert "already exists and holds other records" in other.message
 
 
 def test_a_failed_ingest_leaves_no_cache(runtime: drt.DatasetRuntime, tmp_path: Path) -> None:
@@ -382,8 +385,11 @@ def test_the_import_command_exits_2_on_bad_input(tmp_path: Path) -> None:
         assert message in err, err
         assert len(err.strip().splitlines()) == 1 or "usage:" in err, err
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
-    # An existing cache is refused, and left as it is.
+    # An existing cache of other records is refused, and left as it is
+    # (tests/test_existing.py: the same records reuse it).
     assert _cli(data, "--payload-column", "data", "--name", "a", "--base-dir", tmp_path)[0] == 0
-    code, _, err = _cli(data, "--payload-column", "data", "--name", "a", "--base-dir", tmp_path)
+    pq.write_table(_table(make_records(5, seed=1)), tmp_path / "other.parquet")
+    other = tmp_path / "other.parquet"
+    code, _, err = _cli(other, "--payload-column", "data", "--name", "a", "--base-dir", tmp_path)
     assert code == 2
-    assert "already exists" in err
+    assert "already exists and holds other records" in err

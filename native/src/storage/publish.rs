@@ -5,6 +5,7 @@
 use std::fs::{self, File};
 use std::path::Path;
 
+use super::manifest::Manifest;
 use super::temp::{remove_abandoned, LockedTemp};
 use crate::error::{Error, IoContext, Result};
 
@@ -95,20 +96,42 @@ pub fn fsync_dir(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Atomically move the complete `partial` directory to `target`.
-pub fn publish(partial: &Path, target: &Path) -> Result<()> {
+/// Atomically move the complete `partial` directory, the cache `cache_id`, to
+/// `target`. A cache is never overwritten: when `target` exists (before, or
+/// written by a concurrent writer meanwhile) and holds the same records (the
+/// same id), it is kept and `partial` left for its owner to remove; when it
+/// holds other records, the write is refused naming both ids and what to do.
+/// Returns whether the existing cache was kept.
+pub fn publish(partial: &Path, target: &Path, cache_id: u64) -> Result<bool> {
     fsync_dir(partial)?;
-    if target.exists() {
-        return Err(Error::invalid(format!(
-            "{} already exists; caches are immutable: remove it to write it again",
-            target.display()
-        )));
+    if !target.exists() {
+        match fs::rename(partial, target) {
+            Ok(()) => {
+                if let Some(parent) = target.parent() {
+                    fsync_dir(parent)?;
+                }
+                return Ok(false);
+            }
+            // Published by a concurrent writer since: compared below.
+            Err(_) if target.exists() => {}
+            Err(e) => return Err(Error::io("cannot publish the cache to", target, e)),
+        }
     }
-    fs::rename(partial, target).at("cannot publish the cache to", target)?;
-    if let Some(parent) = target.parent() {
-        fsync_dir(parent)?;
+    let existing = Manifest::read(target)?;
+    if existing.cache_id == cache_id {
+        return Ok(true);
     }
-    Ok(())
+    Err(Error::invalid(format!(
+        "{} already exists and holds other records (cache_id {}, {} records; the records \
+         given make cache_id {cache_id}). Caches are immutable and a cache is reused only \
+         for the same records: give these records another name (e.g. {}_v2) or another \
+         base directory, or remove {} to write it again",
+        target.display(),
+        existing.cache_id,
+        existing.record_count,
+        target.file_name().unwrap_or_default().to_string_lossy(),
+        target.display(),
+    )))
 }
 
 #[cfg(test)]

@@ -159,7 +159,9 @@ pub struct CacheWriter {
 }
 
 impl CacheWriter {
-    /// Start writing `base/name`. Fails if the cache already exists.
+    /// Start writing `base/name`. When that cache exists, the records are
+    /// written all the same and compared by id when they are published
+    /// (`publish`): the same records reuse it, others are refused.
     pub fn create(
         base: &Path,
         name: &str,
@@ -168,12 +170,6 @@ impl CacheWriter {
     ) -> Result<Self> {
         validate_source_name(name)?;
         let target = base.join(name);
-        if target.exists() {
-            return Err(Error::invalid(format!(
-                "{} already exists; caches are immutable: remove it to write it again",
-                target.display()
-            )));
-        }
         let partial = create_partial_dir(base, name)?;
         let index = IndexOut::create(partial.path())?;
         let mut identity = Xxh3::new();
@@ -294,7 +290,8 @@ impl CacheWriter {
         Ok(())
     }
 
-    /// Write the index, metadata and manifest, then publish. Returns the path.
+    /// Write the index, metadata and manifest, then publish. Returns the path
+    /// and the manifest (an existing cache's, when it holds the same records).
     pub fn finish(self) -> Result<(PathBuf, Manifest)> {
         self.finish_profiled(None)
     }
@@ -308,10 +305,11 @@ impl CacheWriter {
             return Err(Error::Source(EMPTY_SOURCE.to_string()));
         }
         let manifest = timed(profile, Stage::FinishManifest, 0, || self.write_manifest())?;
-        timed(profile, Stage::Publish, 0, || {
-            publish(self.partial.path(), &self.target)
+        let reused = timed(profile, Stage::Publish, 0, || {
+            publish(self.partial.path(), &self.target, manifest.cache_id)
         })?;
-        self.finished = true;
+        // Kept when published; removed (by `drop`) when the existing cache is.
+        self.finished = !reused;
         Ok((self.target.clone(), manifest))
     }
 
@@ -419,5 +417,48 @@ mod tests {
         let defaults = WriterOptions::default();
         assert_eq!(defaults.prefetch_records.get(), 64);
         assert_eq!(defaults.max_shard_bytes.get(), 64 << 20);
+    }
+
+    fn write(base: &Path, records: &[&[u8]]) -> Result<(PathBuf, Manifest)> {
+        let mut writer = CacheWriter::create(base, "c", Vec::new(), WriterOptions::default())?;
+        for record in records {
+            writer.append(
+                &EncodedRecord::encode(record.to_vec(), Compression::default())?,
+                &[],
+            )?;
+        }
+        writer.finish()
+    }
+
+    fn entries(base: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(base)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_write_over_an_existing_cache_reuses_the_same_records_and_refuses_others() {
+        let base = tempfile::tempdir().unwrap();
+        let (path, first) = write(base.path(), &[b"a", b"b"]).unwrap();
+        let shard = fs::read(path.join(crate::storage::shard_file_name(0))).unwrap();
+        let (again, second) = write(base.path(), &[b"a", b"b"]).unwrap();
+        assert_eq!((again, second.cache_id), (path.clone(), first.cache_id));
+        assert_eq!(entries(base.path()), ["c"], "no partial directory is left");
+
+        let refused = write(base.path(), &[b"a", b"c"]).unwrap_err();
+        assert!(matches!(refused, Error::InvalidArgument(_)), "{refused:?}");
+        let message = refused.to_string();
+        assert!(
+            message.contains("already exists and holds other records")
+                && message.contains(&format!("cache_id {}", first.cache_id))
+                && message.contains("c_v2"),
+            "{message}"
+        );
+        assert_eq!(entries(base.path()), ["c"]);
+        let kept = fs::read(path.join(crate::storage::shard_file_name(0))).unwrap();
+        assert_eq!(kept, shard, "the existing cache is unchanged");
     }
 }
