@@ -302,7 +302,9 @@ class CachedDataset:
         table = self._engine.draw_rows(
             start, self._engine.epoch_len if count is None else count, stride
         )
-        return pa.table(table).column("row").combine_chunks()
+        # Through the C stream, not `pa.table`, which imports pandas to ask
+        # whether the engine's table is a DataFrame (seconds, the first time).
+        return pa.RecordBatchReader.from_stream(table).read_all().column("row").combine_chunks()
 
     def get_item(self, cache_id: int, sample_id: int) -> CachedSample:
         """Read one record by identity (stored metadata, not the population's extras).

@@ -450,8 +450,12 @@ class DatasetFlightServer(flight.FlightServerBase):  # type: ignore[misc]
 
 
 def _schema(service: engine.DatasetService, request: engine.StreamRequest) -> pa.Schema:
-    """The stream's schema, checking on the way that the request can be served."""
-    return pa.table(service.schema(request)).schema
+    """The stream's schema, checking on the way that the request can be served.
+
+    Read through the Arrow C interface: ``pa.table`` of a foreign object asks
+    whether it is a pandas DataFrame first, and that imports pandas (2 s) on a
+    fresh server's first request (issue 47)."""
+    return pa.RecordBatchReader.from_stream(service.schema(request)).schema
 
 
 def _utf8(raw: bytes, what: str) -> str:
