@@ -374,13 +374,13 @@ class EpochJob:
     world_size: int
 
     def open(self, connections: dict[str, Any]) -> tuple[Iterator[Any], Any]:
+        from dataset_rt import Partition
         from flight_client import DatasetClient
 
         client = DatasetClient(list(self.locations))
         try:
-            stream = client.epoch(
-                self.dataset, SEED, 0, rank=self.rank, world_size=self.world_size, batches=True
-            )
+            share = Partition(rank=self.rank, world_size=self.world_size)
+            stream = client.epoch(self.dataset, SEED, 0, partition=share, batches=True)
         except BaseException:
             client.close()
             raise

@@ -177,18 +177,10 @@ class CachedDataset:
         return self._engine.samples()
 
     def iter_samples(
-        self,
-        partition: Partition | None = None,
-        *,
-        rank: int | None = None,
-        world_size: int | None = None,
-        start: int | None = None,
-        stop: int | None = None,
-        block: int | None = None,
-        offset: int | None = None,
+        self, partition: Partition | None = None, **partition_keys: int | None
     ) -> Iterator[CachedSample]:
-        """Take the next epoch like ``iter(self)``, and yield one rank's share:
-        a `Partition`, or its keys as keyword arguments.
+        """Take the next epoch like ``iter(self)``, and yield one rank's share,
+        ``partition`` (the whole epoch when None).
 
         The partition rule is a Flight ticket's (docs/sampling.md): the
         epoch-relative range ``[start, stop)`` is cut into blocks of ``block``
@@ -196,16 +188,12 @@ class CachedDataset:
         r + world_size, ...`` (every rank the same number; the remainder goes to
         no rank), and ``offset`` skips the rank's first samples. With the
         defaults, rank ``r`` reads positions ``r, r + world_size, ...``.
+
+        The keys as keyword arguments (``rank=``, ``world_size=``, ``start=``,
+        ``stop=``, ``block=``, ``offset=``) are deprecated: they still build the
+        partition for one release, with a `DeprecationWarning`.
         """
-        chosen = as_partition(
-            partition,
-            rank=rank,
-            world_size=world_size,
-            start=start,
-            stop=stop,
-            block=block,
-            offset=offset,
-        )
+        chosen = as_partition(partition, partition_keys, method="CachedDataset.iter_samples")
         return self._engine.samples(chosen)
 
     def epoch(
@@ -213,39 +201,27 @@ class CachedDataset:
         epoch: int,
         partition: Partition | None = None,
         *,
-        rank: int | None = None,
-        world_size: int | None = None,
-        start: int | None = None,
-        stop: int | None = None,
-        block: int | None = None,
-        offset: int | None = None,
         columns: Sequence[str] | None = None,
         batch_size: int = 1024,
         payload: bool = True,
+        **partition_keys: int | None,
     ) -> pa.RecordBatchReader:
-        """One rank's partition of epoch ``epoch`` (a `Partition`, or its keys
-        as keyword arguments) as Arrow record batches.
+        """One rank's partition of epoch ``epoch``, ``partition`` (the whole
+        epoch when None), as Arrow record batches.
 
         Epoch ``e`` is positions ``[e * L, (e + 1) * L)`` of the stream for the
         active population and the current epoch length ``L``, partitioned by the
-        rule of `iter_samples` (and of a Flight ticket: the same keys give the
-        same samples as a server for the same caches, population and seed).
+        rule of `iter_samples` (and of a Flight ticket: the same partition gives
+        the same samples as a server for the same caches, population and seed).
         With ``payload=False`` the batches have no ``payload`` column and no
         record is read: ids and columns at the speed of the draws. Does not move
-        the dataset's own position.
+        the dataset's own position. The partition's keys as keyword arguments
+        are deprecated, as for `iter_samples`.
         """
         native = self._engine.epoch(
             epoch,
             None if columns is None else list(columns),
-            partition=as_partition(
-                partition,
-                rank=rank,
-                world_size=world_size,
-                start=start,
-                stop=stop,
-                block=block,
-                offset=offset,
-            ),
+            partition=as_partition(partition, partition_keys, method="CachedDataset.epoch"),
             batch_size=batch_size,
             payload=payload,
         )

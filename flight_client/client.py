@@ -340,20 +340,24 @@ class DatasetClient:
         epoch: int,
         partition: Partition | None = None,
         *,
-        world_size: int | None = None,
-        start: int | None = None,
-        stop: int | None = None,
-        block: int | None = None,
         epoch_len: int | None = None,
         shuffle: ShuffleMode = True,
         population: str | None = None,
         columns: Sequence[str] = (),
         payload: bool = True,
+        **partition_keys: int | None,
     ) -> flight.FlightInfo:
-        """The epoch's `FlightInfo`: one self-contained ticket per rank (of a
-        `Partition`'s world size, range and block; its rank and offset are the
-        tickets')."""
-        chosen = as_partition(partition, world_size=world_size, start=start, stop=stop, block=block)
+        """The epoch's `FlightInfo`: one self-contained ticket per rank (of
+        ``partition``'s world size, range and block; its rank and offset are the
+        tickets'). The keyword arguments ``world_size=``, ``start=``, ``stop=``
+        and ``block=`` are deprecated: they still build the partition for one
+        release, with a `DeprecationWarning`."""
+        chosen = as_partition(
+            partition,
+            partition_keys,
+            method="DatasetClient.epoch_info",
+            takes=("world_size", "start", "stop", "block"),
+        )
         keys = chosen.to_dict()
         del keys["rank"], keys["offset"]
         request = StreamRequest(
@@ -403,39 +407,28 @@ class DatasetClient:
         epoch: int,
         partition: Partition | None = None,
         *,
-        rank: int | None = None,
-        world_size: int | None = None,
-        start: int | None = None,
-        stop: int | None = None,
-        block: int | None = None,
-        offset: int | None = None,
         columns: Sequence[str] = (),
         batches: bool = False,
         epoch_len: int | None = None,
         shuffle: ShuffleMode = True,
         population: str | None = None,
         payload: bool = True,
+        **partition_keys: int | None,
     ) -> Iterator[Any]:
         """One rank's samples of ``epoch`` (record batches with ``batches=True``).
 
-        A `Partition` (or its keys as keyword arguments: ``rank``,
-        ``world_size``, ``start``, ``stop``, ``block``, ``offset``) says which,
-        as in docs/flight-protocol.md; ``payload=False`` streams ids and columns only.
-        The population and epoch length are pinned when the iteration starts; a
-        stream broken by a lost server resumes on the next location from the
-        offset reached.
+        ``partition`` (a `dataset_rt.Partition`; the whole epoch when None) says
+        which, as in docs/flight-protocol.md; ``payload=False`` streams ids and
+        columns only. The population and epoch length are pinned when the
+        iteration starts; a stream broken by a lost server resumes on the next
+        location from the offset reached. The partition's keys as keyword
+        arguments (``rank=``, ``world_size=``, ``start=``, ``stop=``,
+        ``block=``, ``offset=``) are deprecated: they still build the partition
+        for one release, with a `DeprecationWarning`.
         """
         # The partition's rules (rank < world_size, ...) are checked here, in
         # the engine, before anything is sent.
-        chosen = as_partition(
-            partition,
-            rank=rank,
-            world_size=world_size,
-            start=start,
-            stop=stop,
-            block=block,
-            offset=offset,
-        )
+        chosen = as_partition(partition, partition_keys, method="DatasetClient.epoch")
         request = StreamRequest(
             dataset=dataset,
             seed=seed,

@@ -575,38 +575,27 @@ def test_a_rejected_stream_request_does_not_consume_an_epoch(
 def test_epoch_partitions_equal_the_per_sample_iterator(
     runtime: drt.DatasetRuntime, cache_a: Path
 ) -> None:
-    """``epoch(e, ...)`` and the e-th ``iter_samples(...)`` take the same partition."""
+    """``epoch(e, partition=p)`` and the e-th ``iter_samples(partition=p)`` agree."""
     dataset = open_dataset(runtime, cache_a)
-    keys = {"rank": 1, "world_size": 3, "start": 4, "stop": N - 2, "block": 3, "offset": 2}
-    by_epoch = [table_ids(dataset.epoch(e, **keys).read_all()) for e in range(3)]
-    by_iterator = [
-        [(s.cache_id, s.sample_id) for s in dataset.iter_samples(**keys)] for _ in range(3)
-    ]
+    share = drt.Partition(rank=1, world_size=3, start=4, stop=N - 2, block=3, offset=2)
+    by_epoch = [table_ids(dataset.epoch(e, partition=share).read_all()) for e in range(3)]
+    by_iterator = [sample_ids(dataset.iter_samples(partition=share)) for _ in range(3)]
     assert by_epoch == by_iterator
     blocks = (N - 2 - 4) // 3
     assert len(by_epoch[0]) == blocks // 3 * 3 - 2
     # Rank 1 takes blocks 1 and 4 of [4, 28); the offset skips two samples.
-    positions = dataset.epoch(1, **keys).read_all().column("position").to_pylist()
+    positions = dataset.epoch(1, partition=share).read_all().column("position").to_pylist()
     assert positions == [N + 4 + 3 + 2, N + 4 + 12, N + 4 + 13, N + 4 + 14]
 
 
-def test_a_partition_object_is_the_keyword_arguments(
-    runtime: drt.DatasetRuntime, cache_a: Path
-) -> None:
-    """One `Partition` replaces the six keywords (which build it, in one place)."""
-    dataset = open_dataset(runtime, cache_a)
+def test_a_partition_holds_its_keys() -> None:
+    """One `Partition` is the six keys (tests/test_partition_keywords.py: the
+    deprecated keyword arguments that build one)."""
     keys = {"rank": 1, "world_size": 3, "start": 4, "stop": N - 2, "block": 3, "offset": 2}
     partition = drt.Partition(**keys)
     assert (partition.rank, partition.world_size, partition.stop) == (1, 3, N - 2)
     assert partition.to_dict() == keys
     assert partition == drt.Partition(**keys)
-    assert table_ids(dataset.epoch(1, partition).read_all()) == table_ids(
-        dataset.epoch(1, **keys).read_all()
-    )
-    twin = open_dataset(runtime, cache_a)  # at the same place in the same stream
-    assert sample_ids(dataset.iter_samples(partition)) == sample_ids(twin.iter_samples(**keys))
-    with pytest.raises(drt.InvalidArgumentError, match="not both"):
-        dataset.epoch(0, partition, rank=0)
     with pytest.raises(drt.InvalidArgumentError, match="'rank'"):
         drt.Partition(rank=3, world_size=3)
     with pytest.raises(drt.InvalidArgumentError, match="stop=2"):
@@ -631,9 +620,9 @@ def test_bad_partitions_raise_clear_errors(
     dataset = open_dataset(runtime, cache_a)
     control = open_dataset(runtime, cache_a)
     with pytest.raises(drt.DatasetRTError, match=word):
-        dataset.epoch(0, **keys)
+        dataset.epoch(0, partition=drt.Partition(**keys))
     with pytest.raises(drt.DatasetRTError, match=word):
-        dataset.iter_samples(**keys)
+        dataset.iter_samples(partition=drt.Partition(**keys))
     # The refused iterator consumed no epoch.
     assert sample_ids(dataset) == sample_ids(control)
 

@@ -347,13 +347,12 @@ def test_four_ranks_over_three_replicas_read_the_library_epoch(
     cluster: Project, library_epoch: list[tuple[int, int]]
 ) -> None:
     client = DatasetClient(cluster.replicas)
-    info = client.epoch_info("demo", SEED, 0, world_size=4)
+    info = client.epoch_info("demo", SEED, 0, partition=drt.Partition(world_size=4))
     for endpoint in info.endpoints:
         advertised = sorted(loc.uri.decode() for loc in endpoint.locations)
         assert advertised == sorted(cluster.replicas)
-    per_rank = [
-        _ids(client.epoch("demo", SEED, 0, rank=r, world_size=4, batches=True)) for r in range(4)
-    ]
+    quarters = [drt.Partition(rank=r, world_size=4) for r in range(4)]
+    per_rank = [_ids(client.epoch("demo", SEED, 0, partition=q, batches=True)) for q in quarters]
     delivered = sorted(row for rank in per_rank for row in rank)
     assert [p for p, _, _ in delivered] == list(range(2000))  # 2000 = 4 x 500: every position
     assert [(c, s) for _, c, s in delivered] == library_epoch
@@ -396,8 +395,9 @@ def test_a_partitioned_replica_is_routed_around_and_serves_again(cluster: Projec
     )
     try:
         # Rank 1 of 3 starts at replica-2, which is now unreachable.
-        partitioned = _ids(client.epoch("demo", SEED, 5, rank=1, world_size=3, batches=True))
-        full = _ids(client.epoch("demo", SEED, 5, rank=1, world_size=3, batches=True))
+        third = drt.Partition(rank=1, world_size=3)
+        partitioned = _ids(client.epoch("demo", SEED, 5, partition=third, batches=True))
+        full = _ids(client.epoch("demo", SEED, 5, partition=third, batches=True))
         assert partitioned == full
     finally:
         subprocess.run(

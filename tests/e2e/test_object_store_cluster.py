@@ -24,6 +24,7 @@ import polars as pl
 import pyarrow.flight as flight
 import pytest
 
+from dataset_rt import Partition
 from e2e.test_compose import (  # noqa: F401  (image and library_epoch are fixtures)
     SEED,
     Project,
@@ -139,9 +140,8 @@ def test_every_replica_streams_the_library_epoch(
     library_epoch: list[tuple[int, int]],  # noqa: F811
 ) -> None:
     client = DatasetClient(cluster.replicas)
-    per_rank = [
-        _ids(client.epoch("demo", SEED, 0, rank=r, world_size=4, batches=True)) for r in range(4)
-    ]
+    quarters = [Partition(rank=r, world_size=4) for r in range(4)]
+    per_rank = [_ids(client.epoch("demo", SEED, 0, partition=q, batches=True)) for q in quarters]
     delivered = sorted(row for rank in per_rank for row in rank)
     assert [(c, s) for _, c, s in delivered] == library_epoch
     ticket = pinned_ticket(cluster, 2)

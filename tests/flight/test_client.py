@@ -18,6 +18,7 @@ import pyarrow.flight as flight
 import pytest
 from conftest import make_records, payload
 
+from dataset_rt import Partition
 from flight_client import DatasetClient, EpochSample
 from flight_client.client import PUT_MESSAGE_BYTES
 from flight_server import Catalog
@@ -169,7 +170,8 @@ def test_ranks_partition_the_epoch(client: DatasetClient, world_size: int) -> No
     per_rank = ROWS // world_size
     seen: set[int] = set()
     for rank in range(world_size):
-        samples = list(client.epoch(DATASET, SEED, epoch, rank=rank, world_size=world_size))
+        share = Partition(rank=rank, world_size=world_size)
+        samples = list(client.epoch(DATASET, SEED, epoch, partition=share))
         positions = [s.position for s in samples]
         start = epoch * ROWS + rank
         assert positions == [start + k * world_size for k in range(per_rank)]
@@ -181,9 +183,10 @@ def test_ranks_partition_the_epoch(client: DatasetClient, world_size: int) -> No
 
 @pytest.mark.parametrize("offset", [0, 1, 37, 99, 100])
 def test_offset_is_the_tail_of_the_rank_stream(client: DatasetClient, offset: int) -> None:
-    whole = triples(list(client.epoch(DATASET, SEED, 0, rank=1, world_size=3)))
+    whole = triples(list(client.epoch(DATASET, SEED, 0, partition=Partition(rank=1, world_size=3))))
     assert len(whole) == 100
-    tail = triples(list(client.epoch(DATASET, SEED, 0, rank=1, world_size=3, offset=offset)))
+    resumed = Partition(rank=1, world_size=3, offset=offset)
+    tail = triples(list(client.epoch(DATASET, SEED, 0, partition=resumed)))
     assert tail == whole[offset:]
 
 
@@ -192,7 +195,7 @@ def test_rank_outside_the_world_is_a_value_error(
     client: DatasetClient, rank: int, world_size: int
 ) -> None:
     with pytest.raises(ValueError, match="rank"):
-        list(client.epoch(DATASET, SEED, 0, rank=rank, world_size=world_size))
+        list(client.epoch(DATASET, SEED, 0, partition=Partition(rank=rank, world_size=world_size)))
 
 
 def test_client_rejects_an_empty_location_list() -> None:

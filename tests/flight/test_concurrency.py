@@ -93,9 +93,8 @@ def test_concurrent_friendly_clients_iterate_their_ranks(server: DatasetFlightSe
 
     def rank_positions(rank: int) -> list[int]:
         with DatasetClient(server.location) as own:
-            samples = own.epoch(
-                DATASET, SEED, 5, rank=rank, world_size=world_size, epoch_len=length
-            )
+            share = drt.Partition(rank=rank, world_size=world_size)
+            samples = own.epoch(DATASET, SEED, 5, partition=share, epoch_len=length)
             return [sample.position for sample in samples]
 
     with ThreadPoolExecutor(max_workers=world_size) as pool:

@@ -176,8 +176,7 @@ def test_rust_probe_matches_python_client(
             dataset,
             seed,
             epoch,
-            rank=rank,
-            world_size=world_size,
+            partition=drt.Partition(rank=rank, world_size=world_size),
             epoch_len=epoch_len,
             batches=True,
         )

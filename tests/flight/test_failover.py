@@ -8,7 +8,7 @@ running far ahead of a reader that pauses), so killing the server after the firs
 batches really breaks the stream mid-way.
 
 Which server the client reads from: ``DatasetClient([loc1, loc2])`` asks ``loc1``
-(the first location that answers) for the FlightInfo, and ``epoch(rank=0)`` starts
+(the first location that answers) for the FlightInfo, and rank 0's ``epoch`` starts
 at the first location (rank ``r`` starts at location ``r mod n``), so the stream
 begins on ``loc1``. The tests check that with the servers' ``stats`` action: after
 the first batches ``loc1`` has sent rows and ``loc2`` none; after the kill ``loc2``
@@ -152,7 +152,9 @@ def test_a_killed_server_is_resumed_on_the_other_at_the_right_offset(
 
         delivered: list[Triple] = []
         with fast_client([loc1, loc2]) as client:
-            stream = client.epoch(DATASET, SEED, 0, rank=0, world_size=1, batches=True)
+            stream = client.epoch(
+                DATASET, SEED, 0, partition=drt.Partition(rank=0, world_size=1), batches=True
+            )
             for _ in range(BATCHES_BEFORE_KILL):
                 delivered += triples(next(stream))
             # The stream is on loc1: it has sent rows, loc2 has not.

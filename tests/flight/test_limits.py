@@ -21,6 +21,7 @@ import pyarrow.flight as flight
 import pytest
 from conftest import ListSource, make_records, write
 
+from dataset_rt import Partition
 from dataset_rt.service import StreamRequest
 from flight_client import DatasetClient, FlightSource
 from flight_server import Catalog, cli
@@ -158,7 +159,8 @@ def test_the_client_streams_any_rank_of_any_world_size_from_one_endpoint(
     """`DatasetClient.epoch` and `FlightSource` ask at world size 1 (one endpoint),
     so a job's size is not bounded by --max-endpoints, and the stream is the
     one a full answer's endpoint would give."""
-    body = {"dataset": DATASET, "seed": 1, "epoch": 0, "world_size": 3}
+    base = {"dataset": DATASET, "seed": 1, "epoch": 0}
+    body = base | {"world_size": 3}
     with (
         serve(catalog, limits=Limits(max_endpoints=3)) as server,
         flight.connect(server.location) as raw,
@@ -168,11 +170,13 @@ def test_the_client_streams_any_rank_of_any_world_size_from_one_endpoint(
             raw.do_get(e.ticket).read_all() for e in raw.get_flight_info(command(body)).endpoints
         ]
         for rank, expected in enumerate(full):
-            got = pa.Table.from_batches(list(client.epoch(**body, rank=rank, batches=True)))
+            third = Partition(rank=rank, world_size=3)
+            got = pa.Table.from_batches(list(client.epoch(**base, partition=third, batches=True)))
             assert got.equals(expected.select(got.column_names))
         huge = {"dataset": DATASET, "seed": 1, "epoch": 0, "epoch_len": 2**40}
         for rank in (0, 2**20 - 1):
-            batches = client.epoch(**huge, world_size=2**20, rank=rank, batches=True)
+            share = Partition(rank=rank, world_size=2**20)
+            batches = client.epoch(**huge, partition=share, batches=True)
             first = next(iter(batches))
             assert first.column("position")[0].as_py() == rank
             batches.close()  # type: ignore[attr-defined]

@@ -76,7 +76,7 @@ def test_server_and_library_partitions_follow_the_rule(
         positions = served.column("position").to_pylist()
         assert positions == rule(epoch, rank, world_size, start, stop, block), f"rank {rank}"
         assert ids(served) == [by_position[p] for p in positions]
-        local = library.epoch(epoch, rank=rank, **keys).read_all()
+        local = library.epoch(epoch, partition=drt.Partition(rank=rank, **keys)).read_all()
         assert local.column("position").to_pylist() == positions
         assert ids(local) == ids(served), f"rank {rank}: the library differs from the server"
         covered += positions
@@ -100,17 +100,14 @@ def test_resuming_at_start_plus_consumed_blocks_reads_the_rest_at_any_world_size
 ) -> None:
     """After every rank of w=2 took m blocks, start += m*w*block; w=3 reads the rest."""
     block, m = 4, 5
-    before = [
-        list(client.epoch(DATASET, SEED, 0, rank=r, world_size=2, block=block))[: m * block]
-        for r in range(2)
-    ]
+    halves = [drt.Partition(rank=r, world_size=2, block=block) for r in range(2)]
+    before = [list(client.epoch(DATASET, SEED, 0, partition=half))[: m * block] for half in halves]
     consumed = sorted(s.position for part in before for s in part)
     assert consumed == list(range(m * 2 * block))
     start = m * 2 * block
+    thirds = [drt.Partition(rank=r, world_size=3, start=start, block=block) for r in range(3)]
     after = [
-        s.position
-        for r in range(3)
-        for s in client.epoch(DATASET, SEED, 0, rank=r, world_size=3, start=start, block=block)
+        s.position for third in thirds for s in client.epoch(DATASET, SEED, 0, partition=third)
     ]
     assert len(set(after)) == len(after)
     assert min(after) == start
@@ -156,7 +153,10 @@ def test_ids_only_streams_have_the_payload_streams_ids_without_payloads(
     library = runtime.cached_dataset(list(toy_caches), reader_config=drt.ReaderConfig(seed=SEED))
     library.set_epoch_len(LENGTH)
     local = library.epoch(
-        1, rank=1, world_size=2, block=3, start=5, columns=["label"], payload=False
+        1,
+        partition=drt.Partition(rank=1, world_size=2, block=3, start=5),
+        columns=["label"],
+        payload=False,
     )
     assert local.read_all().to_pylist() == ids_only.to_pylist()
     samples = list(client.epoch(DATASET, SEED, 1, epoch_len=LENGTH, payload=False))

@@ -91,7 +91,9 @@ def test_server_and_library_agree_with_every_partition_key(
     for rank in range(world_size):
         ticket = body | {"rank": rank, "offset": offset}
         served = stream(raw, ticket)
-        mine = local.epoch(epoch, rank=rank, offset=offset, **keys).read_all()
+        mine = local.epoch(
+            epoch, partition=drt.Partition(rank=rank, offset=offset, **keys)
+        ).read_all()
         assert served.column("position").to_pylist() == mine.column("position").to_pylist()
         assert ids(served) == ids(mine), f"rank {rank}: the library differs from the server"
         bare = stream(raw, ticket | {"payload": False})
