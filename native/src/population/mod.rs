@@ -48,8 +48,6 @@ pub struct Population {
     rows: PopulationRows,
     /// The stored columns and the types the caches hold them in.
     stored: Vec<(String, DataType)>,
-    /// A background verification of the rows file runs (`verify_in_background`).
-    verifying: std::sync::atomic::AtomicBool,
 }
 
 /// A column a stream carries, taken from the population's table by row and
@@ -76,7 +74,6 @@ impl Population {
             table,
             rows,
             stored,
-            verifying: Default::default(),
         })
     }
 
@@ -188,24 +185,11 @@ impl Population {
         self.damage()
     }
 
-    /// `verify_pages` on a thread of its own (one at a time): for a file
-    /// that changed on disk, so that readiness reports damage in pages no
-    /// stream has read yet.
-    pub fn verify_in_background(self: &Arc<Self>) {
-        use std::sync::atomic::Ordering;
-        if self.verifying.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let population = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("verify-population".into())
-            .spawn(move || {
-                population.verify_pages();
-                population.verifying.store(false, Ordering::Release);
-            });
-        if spawned.is_err() {
-            self.verifying.store(false, Ordering::Release);
-        }
+    /// The rows file's pages verified on a thread of their own (one at a
+    /// time): for a file that changed on disk, so that readiness reports
+    /// damage in pages no stream has read yet.
+    pub fn verify_in_background(&self) {
+        self.rows.verify_in_background()
     }
 
     /// The record of population row `row`: (cache position, sample id).

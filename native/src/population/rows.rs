@@ -72,6 +72,30 @@ pub struct PopulationRows {
     cold: crate::warmup::Cold,
 }
 
+/// Rows files this process wrote, by `storage::Stamp` (a rename into the
+/// store keeps it): their page sums were computed from the bytes in memory,
+/// so reading them again is not needed until the file changes (another
+/// stamp). The newest `WRITTEN_KEPT` are remembered.
+static WRITTEN: std::sync::Mutex<std::collections::VecDeque<crate::storage::Stamp>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+const WRITTEN_KEPT: usize = 256;
+
+fn remember_written(path: &Path) {
+    let Ok(stat) = std::fs::metadata(path) else {
+        return;
+    };
+    let mut written = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+    if written.len() == WRITTEN_KEPT {
+        written.pop_front();
+    }
+    written.push_back(crate::storage::file_stamp(&stat));
+}
+
+fn written_here(stamp: &crate::storage::Stamp) -> bool {
+    let written = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+    written.contains(stamp)
+}
+
 /// The xxh3 of `caches`' ids in order: which caches, in which order, cache
 /// positions in a rows file refer to.
 pub fn caches_key(caches: &CacheSet) -> u64 {
@@ -101,7 +125,7 @@ impl Header {
         if version < FIRST_WITH_SUMS {
             return (alias, sums, sums);
         }
-        let pages = (sums - HEADER as u64).div_ceil(PAGE as u64);
+        let pages = sums.div_ceil(PAGE as u64) - HEADER as u64 / PAGE as u64;
         (alias, sums, sums + pages * 8)
     }
 
@@ -196,7 +220,7 @@ impl PopulationRows {
             CheckedPages::trusted()
         } else {
             let sums_at = header.sums_at() as usize;
-            let count = (sums_at - HEADER).div_ceil(PAGE);
+            let count = sums_at.div_ceil(PAGE) - HEADER / PAGE;
             let sums = Slab::mapped(&map, sums_at, count).map_err(damaged)?;
             CheckedPages::new(map.clone(), HEADER, sums_at, sums, path).map_err(damaged)?
         });
@@ -204,7 +228,17 @@ impl PopulationRows {
         // Both sections are read at random; a cold file starts with
         // single-page faults while it is read ahead (`warmup`).
         let cold = crate::warmup::Cold::default();
-        crate::warmup::open_random(&Arc::new(file), &map, HEADER..map.len(), &cold);
+        let start = crate::warmup::open_random(&Arc::new(file), &map, HEADER..map.len(), &cold);
+        // Reads check a bit per page until every page was verified: a file this
+        // process wrote (and that has not changed since) is trusted; another
+        // one that fits in memory is verified front to back by a thread of its
+        // own, once it is in memory (after `warmup` read it, if it was cold).
+        if written_here(&stamp) {
+            pages.mark_all_verified();
+        } else if start != crate::warmup::Start::TooLarge {
+            let warm = cold.clone();
+            pages.verify_in_background_once(move || !warm.is_cold());
+        }
         Ok(PopulationRows {
             keys,
             alias: AliasTable::stored(alias, header.alias as usize, pages.clone(), cold.clone()),
@@ -308,6 +342,11 @@ impl PopulationRows {
     /// file); true when none is damaged.
     pub fn verify_pages(&self) -> bool {
         self.pages.verify_all()
+    }
+
+    /// `verify_pages` on a thread of its own (`CheckedPages::verify_in_background`).
+    pub fn verify_in_background(&self) {
+        self.pages.verify_in_background()
     }
 
     /// Row `row`'s record: (cache position, sample id). A row past the end or
@@ -447,7 +486,7 @@ impl RowsWriter {
             let stack: &mut [u32] = cast_mut(&mut stack_map[..n * 4]);
             build_alias(weights, total, columns, stack)?;
             let sums_at = sums_at as usize;
-            let sums = page_sums(&map[HEADER..sums_at]);
+            let sums = page_sums(&map, HEADER, sums_at);
             for (slot, sum) in map[sums_at..].chunks_exact_mut(8).zip(&sums) {
                 slot.copy_from_slice(&sum.to_le_bytes());
             }
@@ -464,6 +503,7 @@ impl RowsWriter {
         }
         drop(weights_file);
         out.sync_all().at("cannot fsync", &path)?;
+        remember_written(&path);
         Ok(keys_file)
     }
 }
