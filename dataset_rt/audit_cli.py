@@ -12,8 +12,9 @@ import argparse
 import json
 import pickle
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,15 @@ def add_parser(commands: Any) -> None:
         type=float,
         help=f"exit {EXIT_DEVIATION} if a group deviates more than this many sigma",
     )
-    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument(
+        "-q",
+        "--quiet",
+        "--no-progress",
+        dest="quiet",
+        action="store_true",
+        help="no progress bars (without it they show on stderr when it is a terminal: "
+        "the manifest's rows as it is computed, the report's draws as they are counted)",
+    )
     audit.set_defaults(run=_run)
 
 
@@ -197,22 +206,30 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.group:
         _check_selection(args, run)
 
-    from dataset_rt.mixture import mixture_report
+    from dataset_rt.mixture import count_draws, mixture_report
 
-    with _progress(run.rows(), enabled=not args.no_progress) as advance:
+    show = not args.quiet
+    with ExitStack() as stack:
         manifest = args.read_manifest or args.manifest
-        if args.manifest is not None:
-            rows = write_manifest(source, run, manifest, columns=args.columns, progress=advance)
-            print(f"manifest: {rows:,} rows -> {manifest}", file=sys.stderr)
+        if manifest is None:  # a report only: its manifest is a temporary file
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="dataset-rt-audit-"))
+            manifest = Path(scratch) / "manifest.parquet"
+        if args.read_manifest is None:
+            columns = args.columns if args.manifest else []
+            with _progress("manifest", run.rows, enabled=show) as advance:
+                rows = write_manifest(source, run, manifest, columns=columns, progress=advance)
+            if args.manifest is not None:
+                print(f"manifest: {rows:,} rows -> {manifest}", file=sys.stderr)
         if not args.group:
             return 0
         where = None
         if args.steps:
             first, stop = args.steps
             where = (pl.col("step") >= first) & (pl.col("step") < stop)
-        report = mixture_report(
-            source, run, args.group, manifest=manifest, where=where, progress=advance
-        )
+        with _progress("report", lambda: count_draws(manifest, where), enabled=show) as advance:
+            report = mixture_report(
+                source, run, args.group, manifest=manifest, where=where, progress=advance
+            )
     _print_report(report)
     if args.report:
         report.write(args.report)
@@ -429,8 +446,12 @@ def _steps(text: str) -> tuple[int, int]:
 
 
 @contextmanager
-def _progress(total: int, *, enabled: bool) -> Iterator[Callable[[int], None]]:
-    """A progress bar over the manifest's rows (on stderr, only on a terminal)."""
+def _progress(
+    label: str, total: Callable[[], int], *, enabled: bool
+) -> Iterator[Callable[[int], None]]:
+    """A progress bar of one step (``label``) on stderr, only on a terminal and
+    ``enabled``: yields the callback to advance it. ``total`` is asked only when
+    the bar shows."""
     if not enabled or not sys.stderr.isatty():
         yield lambda rows: None
         return
@@ -444,14 +465,14 @@ def _progress(total: int, *, enabled: bool) -> Iterator[Callable[[int], None]]:
     )
 
     with Progress(
-        TextColumn("manifest"),
+        TextColumn(label),
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
         console=Console(stderr=True),
         transient=True,
     ) as bar:
-        task = bar.add_task("rows", total=total)
+        task = bar.add_task(label, total=total())
         yield lambda rows: bar.advance(task, rows)
 
 

@@ -8,9 +8,10 @@ the binomial, the distinct samples seen, the repeats and the samples never
 drawn. At the top, one short fingerprint of the data (the populations' ids and
 their caches' ids) to put in training logs.
 
-The counts are Polars aggregations over the manifest's Parquet file with the
-streaming engine: memory grows with the number of distinct samples seen (at
-most the population's size), not with the number of rows.
+The manifest's draws are read in batches (Polars' streaming engine, ``where``
+applied on the way) and counted into numpy arrays per population and group
+(`dataset_rt.mixture_counts`): memory grows with the populations' sizes and the
+number of groups, not with the number of draws.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,7 +33,9 @@ import pyarrow.parquet as pq
 from dataset_rt.audit import RunDescription, write_manifest
 from dataset_rt.config import ShuffleMode
 from dataset_rt.errors import InvalidArgumentError
-from dataset_rt.loader import StreamSource
+from dataset_rt.loader import RunState, StreamSource
+from dataset_rt.mixture_counts import MixtureCounts
+from dataset_rt.mixture_index import SampleIndex, group_values
 
 #: The report's columns, after the group column.
 REPORT_COLUMNS = (
@@ -144,76 +148,133 @@ def mixture_report(
     ``manifest`` is the run's manifest file (`write_manifest`); without one it is
     computed into a temporary file first. ``where`` selects a range of it (any
     Polars predicate over the manifest's columns, e.g. ``pl.col("step") < 100``).
+    ``progress`` is called with the rows of each batch: as the manifest is
+    written (without ``manifest``), then as its draws are counted
+    (`count_draws` says how many there are to count).
     """
     if manifest is None:
         with tempfile.TemporaryDirectory(prefix="dataset-rt-audit-") as scratch:
             path = Path(scratch) / "manifest.parquet"
             write_manifest(source, run, path, progress=progress)
-            return mixture_report(source, run, group, manifest=path, where=where)
+            return mixture_report(source, run, group, manifest=path, where=where, progress=progress)
     state = run.state
-    populations = {
-        population: source.population(state.dataset, population) for _, population in state.segments
-    }
-    for population, table in populations.items():
+    indexes = _index_populations(source, state, group)
+    values, null_code = group_values(list(indexes.values()))
+    rows = _selected(manifest, where)
+    counts = MixtureCounts(
+        [(start, indexes[population]) for start, population in state.segments],
+        len(values),
+        null_code,
+        _bins(rows) if len(state.segments) > 1 else None,
+    )
+    batches = rows.select("position", *_IDS).collect_batches(
+        chunk_size=_BATCH_ROWS, maintain_order=False
+    )
+    for batch in batches:
+        counts.add(*(batch.get_column(name).to_numpy() for name in ("position", *_IDS)))
+        if progress is not None:
+            progress(batch.height)
+
+    drawn = {i for i, draws in enumerate(counts.draws_per_segment.tolist()) if draws}
+    used = sorted({state.segments[i][1] for i in drawn})
+    cache_ids = sorted({int(c) for p in used for c in indexes[p].caches.tolist()})
+    timeline = switches = expected_by_segment = None
+    if len(drawn) > 1 and counts.bins is not None:
+        # A switch is a change of mixture: draw it over the positions, so a
+        # person sees before and after, not the blend the table shows.
+        timeline = _timeline(counts.timeline, counts.bins, values, group)
+        first, last = timeline.select(pl.min("position"), pl.max("position").alias("b")).row(0)
+        reach = int(last) + counts.bins[1]
+        switches = [
+            (start, population)
+            for i, (start, population) in enumerate(state.segments)
+            if i and i in drawn and int(first) <= start <= reach
+        ]
+        expected_by_segment = pl.concat(
+            [
+                _shares(indexes[population], values, group).with_columns(
+                    pl.lit(start, pl.UInt64).alias("start")
+                )
+                for i, (start, population) in enumerate(state.segments)
+                if i in drawn
+            ],
+            how="vertical_relaxed",
+        )
+    return MixtureReport(
+        fingerprint=fingerprint(used, cache_ids),
+        dataset=state.dataset,
+        group=group,
+        draws=int(counts.draws_per_segment.sum()),
+        populations=used,
+        cache_ids=cache_ids,
+        seed=state.seed,
+        shuffle=state.shuffle,
+        groups=_groups(counts, values, group),
+        timeline=timeline,
+        switches=switches or [],
+        segment_expected=expected_by_segment,
+    )
+
+
+def _index_populations(source: StreamSource, state: RunState, group: str) -> dict[str, SampleIndex]:
+    """A `SampleIndex` of each population the run draws from, one at a time (its
+    table is let go once it is indexed)."""
+    weighted = state.shuffle is True
+    indexes: dict[str, SampleIndex] = {}
+    for _, population in state.segments:
+        if population in indexes:
+            continue
+        table = source.population(state.dataset, population)
         if group not in table.columns:
             raise InvalidArgumentError(
                 f"the grouping column {group!r} is not a column of population {population}; "
                 f"its columns are {table.columns}"
             )
-
-    rows = pl.scan_parquet(manifest)
-    if where is not None:
-        rows = rows.filter(where)
-    # The segment (population) of each row, from its absolute position.
-    starts = [start for start, _ in state.segments]
-    segment = pl.sum_horizontal(
-        [pl.lit(0, pl.UInt32), *[(pl.col("position") >= s).cast(pl.UInt32) for s in starts[1:]]]
-    )
-    per_segment = rows.group_by(segment.alias("segment"), *_IDS).agg(pl.len().alias("n"))
-    seen = per_segment.collect(engine="streaming")
-
-    # Each sample's group, per segment (its population's value of the column).
-    lookup = pl.concat(
-        [
-            _sample_groups(populations[population], group, population).with_columns(
-                pl.lit(i, pl.UInt32).alias("segment")
-            )
-            for i, (_, population) in enumerate(state.segments)
-        ],
-        how="vertical_relaxed",
-    )
-    seen = seen.join(lookup, on=["segment", *_IDS], how="left")
-    draws_per_segment = dict(seen.group_by("segment").agg(pl.col("n").sum()).iter_rows())
-    used = sorted({state.segments[i][1] for i in draws_per_segment})
-
-    observed = seen.group_by(group).agg(
-        pl.col("n").sum().alias("observed"),
-        pl.struct(_IDS).n_unique().alias("distinct"),
-    )
-    expected = _expected(
-        [
-            (draws_per_segment[i], populations[population])
-            for i, (_, population) in enumerate(state.segments)
-            if i in draws_per_segment
-        ],
-        group,
-        weighted=state.shuffle is True,
-    )
-    samples = (
-        lookup.filter(pl.col("segment").is_in(list(draws_per_segment)))
-        .select(group, *_IDS)
-        .unique()
-        .group_by(group)
-        .agg(pl.len().alias("samples"))
-    )
-    draws = int(sum(draws_per_segment.values()))
-    table = (
-        expected.join(observed, on=group, how="full", coalesce=True, nulls_equal=True)
-        .join(samples, on=group, how="full", coalesce=True, nulls_equal=True)
-        .with_columns(
-            pl.col("expected", "variance").fill_null(0.0),
-            pl.col("observed", "distinct", "samples").fill_null(0).cast(pl.UInt64),
+        needed = dict.fromkeys([*_IDS, group, *(["weight"] if weighted else [])])
+        indexes[population] = SampleIndex.of(
+            table.select(list(needed)), group, population, weighted=weighted
         )
+        del table
+    return indexes
+
+
+def _bins(rows: pl.LazyFrame) -> tuple[int, int, int] | None:
+    """The timeline's bins over the selected positions: (first position, width,
+    count), at most `TIMELINE_BINS`; None without a row."""
+    bounds = rows.select(pl.min("position").alias("low"), pl.max("position").alias("high"))
+    low, high = bounds.collect().row(0)
+    if low is None:
+        return None
+    width = max(1, math.ceil((int(high) - int(low) + 1) / TIMELINE_BINS))
+    return int(low), width, (int(high) - int(low)) // width + 1
+
+
+def _groups(counts: MixtureCounts, values: pl.Series, group: str) -> pl.DataFrame:
+    """The report's table: every group drawn or in a population drawn from."""
+    observed, distinct, samples = counts.observed, counts.distinct(), counts.samples()
+    shown = np.flatnonzero((observed > 0) | (samples > 0))
+    drawn_from = [
+        (draws, index)
+        for (_, index), draws in zip(
+            counts.segments, counts.draws_per_segment.tolist(), strict=True
+        )
+        if draws
+    ]
+    expected, variance = _expected(drawn_from, shown)
+    draws = int(counts.draws_per_segment.sum())
+    return (
+        pl.DataFrame(
+            {
+                group: values.gather(shown),
+                "expected": expected,
+                "variance": variance,
+                "observed": observed[shown],
+                "distinct": distinct[shown],
+                "samples": samples[shown],
+            },
+            schema_overrides={"expected": pl.Float64, "variance": pl.Float64},
+        )
+        .with_columns(pl.col("observed", "distinct", "samples").cast(pl.UInt64))
         .with_columns(
             (pl.col("expected") / draws if draws else pl.lit(0.0)).alias("expected_share"),
             (pl.col("observed") / draws if draws else pl.lit(0.0)).alias("observed_share"),
@@ -224,74 +285,81 @@ def mixture_report(
         .select(group, *REPORT_COLUMNS)
         .sort(group, nulls_last=True)
     )
-    cache_ids = sorted(
-        {int(c) for p in used for c in populations[p]["cache_id"].unique().to_list()}
-    )
-    timeline = switches = expected_by_segment = None
-    if len(draws_per_segment) > 1:
-        # A switch is a change of mixture: draw it over the positions, so a
-        # person sees before and after, not the blend the table shows.
-        timeline = _timeline(rows, segment, lookup, group)
-        first, last = timeline.select(pl.min("position"), pl.max("position").alias("b")).row(0)
-        reach = int(last) + _bin_width(rows)
-        switches = [
-            (start, population)
-            for i, (start, population) in enumerate(state.segments)
-            if i and i in draws_per_segment and int(first) <= start <= reach
-        ]
-        expected_by_segment = pl.concat(
-            [
-                _expected([(1, populations[population])], group, weighted=state.shuffle is True)
-                .select(group, pl.col("expected").alias("expected_share"))
-                .with_columns(pl.lit(start, pl.UInt64).alias("start"))
-                for i, (start, population) in enumerate(state.segments)
-                if i in draws_per_segment
-            ],
-            how="vertical_relaxed",
-        )
-    return MixtureReport(
-        fingerprint=fingerprint(used, cache_ids),
-        dataset=state.dataset,
-        group=group,
-        draws=draws,
-        populations=used,
-        cache_ids=cache_ids,
-        seed=state.seed,
-        shuffle=state.shuffle,
-        groups=table,
-        timeline=timeline,
-        switches=switches or [],
-        segment_expected=expected_by_segment,
-    )
+
+
+def count_draws(manifest: str | Path, where: pl.Expr | None = None) -> int:
+    """The draws a report on ``manifest`` (with ``where``) counts: the total of
+    its ``progress``."""
+    return int(_selected(manifest, where).select(pl.len()).collect().item())
+
+
+def _selected(manifest: str | Path, where: pl.Expr | None) -> pl.LazyFrame:
+    rows = pl.scan_parquet(manifest)
+    return rows if where is None else rows.filter(where)
 
 
 #: Bins of positions the timeline of a switching run is drawn in.
 TIMELINE_BINS = 60
 
+#: Manifest rows counted per batch: large enough that the per-batch Python work
+#: is noise, small enough that a batch's arrays are a few MiB.
+_BATCH_ROWS = 1 << 18
 
-def _bin_width(rows: pl.LazyFrame) -> int:
-    bounds = rows.select(pl.col("position").min().alias("a"), pl.col("position").max().alias("b"))
-    low, high = bounds.collect().row(0)
-    return max(1, math.ceil((int(high) - int(low) + 1) / TIMELINE_BINS))
+
+def _expected(
+    segments: list[tuple[int, SampleIndex]], codes: np.ndarray[Any, Any]
+) -> tuple[list[float], list[float]]:
+    """Per group code of ``codes``: the expected draws and the variance of the
+    observed count, summed over the segments (``d`` draws each, share ``p`` of
+    the segment's population: weights for weighted draws, rows in table order
+    and permutation mode).
+
+    Sums are `math.fsum` (correctly rounded): a report is the same number for
+    number however the population's rows are ordered or chunked."""
+    expected: list[list[float]] = [[] for _ in codes]
+    variance: list[list[float]] = [[] for _ in codes]
+    for draws, index in segments:
+        total = math.fsum(index.masses.tolist())
+        for k, mass in enumerate(index.masses[codes].tolist()):
+            if mass:
+                p = mass / total
+                expected[k].append(p * draws)
+                variance[k].append(p * (1 - p) * draws)
+    return [math.fsum(v) for v in expected], [math.fsum(v) for v in variance]
+
+
+def _shares(index: SampleIndex, values: pl.Series, group: str) -> pl.DataFrame:
+    """Each group's expected share of one draw from the population of ``index``."""
+    codes = np.flatnonzero(index.masses)
+    total = math.fsum(index.masses.tolist())
+    return pl.DataFrame(
+        {
+            group: values.gather(codes),
+            "expected_share": [mass / total for mass in index.masses[codes].tolist()],
+        },
+        schema_overrides={"expected_share": pl.Float64},
+    )
 
 
 def _timeline(
-    rows: pl.LazyFrame, segment: pl.Expr, lookup: pl.DataFrame, group: str
+    counts: np.ndarray[Any, Any], bins: tuple[int, int, int], values: pl.Series, group: str
 ) -> pl.DataFrame:
-    """Each group's share of the draws per bin of positions (streamed: one
-    pass over the manifest, the population's groups joined on the way)."""
-    width = _bin_width(rows)
-    low = rows.select(pl.col("position").min()).collect().item()
-    binned = (
-        rows.with_columns(segment.alias("segment"))
-        .join(lookup.lazy(), on=["segment", *_IDS], how="left")
-        .group_by(((pl.col("position") - low) // width * width + low).alias("position"), group)
-        .agg(pl.len().alias("n"))
-        .collect(engine="streaming")
+    """Each group's share of the draws per bin of positions (``position`` is the
+    bin's first)."""
+    low, width, _ = bins
+    cells = np.flatnonzero(counts)
+    bin_, code = np.divmod(cells, len(values))
+    return (
+        pl.DataFrame(
+            {
+                "position": (bin_ * width + low).astype(np.uint64),
+                group: values.gather(code),
+                "n": counts[cells].astype(np.uint32),
+            }
+        )
+        .with_columns((pl.col("n") / pl.col("n").sum().over("position")).alias("share"))
+        .sort("position", group, nulls_last=True)
     )
-    return binned.with_columns(
-        (pl.col("n") / pl.col("n").sum().over("position")).alias("share")
-    ).sort("position", group, nulls_last=True)
 
 
 def fingerprint(populations: list[str], cache_ids: list[int]) -> str:
@@ -300,54 +368,6 @@ def fingerprint(populations: list[str], cache_ids: list[int]) -> str:
     the caches' content)."""
     canonical = json.dumps({"populations": sorted(populations), "caches": sorted(cache_ids)})
     return "drt1-" + hashlib.blake2b(canonical.encode(), digest_size=8).hexdigest()
-
-
-def _sample_groups(table: pl.DataFrame, group: str, population: str) -> pl.DataFrame:
-    """(cache_id, sample_id) -> group of one population; a sample listed twice
-    with two values of the column has no single group and is refused."""
-    pairs = table.select(*_IDS, group).unique()
-    if pairs.height != pairs.select(_IDS).n_unique():
-        clash = pairs.filter(pl.struct(_IDS).is_duplicated()).head(1).to_dicts()[0]
-        raise InvalidArgumentError(
-            f"population {population} lists sample (cache_id={clash['cache_id']}, "
-            f"sample_id={clash['sample_id']}) with two values of {group!r}; "
-            "a grouping column needs one value per sample"
-        )
-    return pairs
-
-
-def _expected(
-    segments: list[tuple[int, pl.DataFrame]], group: str, *, weighted: bool
-) -> pl.DataFrame:
-    """Per group: the expected draws and the variance of the observed count, summed
-    over the segments (``d`` draws each, share ``p`` of the segment's population:
-    weights for weighted draws, rows in table order and permutation mode).
-
-    Sums are `math.fsum` (correctly rounded): a report is the same number for
-    number however the population's rows are ordered or chunked."""
-    expected: dict[Any, list[float]] = {}
-    variance: dict[Any, list[float]] = {}
-    dtype: pl.DataType = pl.Null()
-    for draws, table in segments:
-        dtype = table.schema[group]
-        if weighted:
-            lists = table.group_by(group).agg(pl.col("weight")).iter_rows()
-            masses = {key: math.fsum(weights) for key, weights in lists}
-        else:
-            masses = {key: float(n) for key, n in table.group_by(group).len().iter_rows()}
-        total = math.fsum(masses.values())
-        for key, mass in masses.items():
-            p = mass / total
-            expected.setdefault(key, []).append(p * draws)
-            variance.setdefault(key, []).append(p * (1 - p) * draws)
-    return pl.DataFrame(
-        {
-            group: list(expected),
-            "expected": [math.fsum(v) for v in expected.values()],
-            "variance": [math.fsum(v) for v in variance.values()],
-        },
-        schema={group: dtype, "expected": pl.Float64, "variance": pl.Float64},
-    )
 
 
 def _sigma() -> pl.Expr:
