@@ -577,6 +577,10 @@ fn a_rows_file_written_over_in_place_fails_the_draws_that_read_it() {
     let id = store.put_table(&table).unwrap();
     let rows_path = store.scratch_dir().join(format!("{id}.rows"));
     let population = store.open_population(&id, &caches).unwrap();
+    assert!(
+        population.pages_verified(),
+        "a file this process wrote is trusted"
+    );
     let order = StreamOrder::Weighted { key: 7 };
     let draw = |population: &Population| {
         let mut rows = Vec::new();
@@ -616,9 +620,15 @@ fn a_rows_file_written_over_in_place_fails_the_draws_that_read_it() {
     assert!(reopened.verify_pages().is_some());
     assert!(store.verify(&id, &caches).is_err());
 
-    // Put back: the same epoch.
+    // Put back: the same epoch. Not written by this process any more: its
+    // pages are verified in the background.
     std::fs::write(&rows_path, &good).unwrap();
     let restored = store.open_population(&id, &caches).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !restored.pages_verified() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(restored.pages_verified(), "verified in the background");
     let (again, damage) = draw(&restored);
     assert!(damage.is_none());
     assert_eq!(again, epoch);

@@ -192,6 +192,12 @@ impl Population {
         self.rows.verify_in_background()
     }
 
+    /// Whether every page of the rows file is verified (reads then check
+    /// nothing): at once for a file this process wrote, else once read.
+    pub fn pages_verified(&self) -> bool {
+        self.rows.pages_verified()
+    }
+
     /// The record of population row `row`: (cache position, sample id).
     #[inline]
     pub fn record(&self, row: usize) -> (u32, u64) {

@@ -344,6 +344,10 @@ impl PopulationRows {
         self.pages.verify_all()
     }
 
+    pub fn pages_verified(&self) -> bool {
+        self.pages.all_verified()
+    }
+
     /// `verify_pages` on a thread of its own (`CheckedPages::verify_in_background`).
     pub fn verify_in_background(&self) {
         self.pages.verify_in_background()
