@@ -226,32 +226,11 @@ def test_a_reader_that_stops_early_ends_the_report_quietly(
 def test_a_terminal_gets_a_progress_bar(source: LocalSource, tmp_path: Path) -> None:
     """On a terminal (a pseudo-terminal here) the manifest's progress is drawn
     on stderr; piped, nothing but the result lines."""
-    import os
-    import pty
-
     population = source.put(balanced(source.metadata()), activate=False)
     state = saved_state(source, population, tmp_path / "s.json", epoch_len=2_000_000)
     command = [sys.executable, "-m", "dataset_rt", "audit", str(state), *where(source)]
     command += ["--manifest", str(tmp_path / "m.parquet")]
-    leader, follower = pty.openpty()
-    try:
-        done = subprocess.run(
-            command, stdout=subprocess.PIPE, stderr=follower, timeout=120, check=True
-        )
-        os.close(follower)
-        drawn = b""
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal closed: everything was read
-                break
-            if not chunk:
-                break
-            drawn += chunk
-    finally:
-        os.close(leader)
-    assert done.returncode == 0
-    text = drawn.decode(errors="replace")
+    text = _on_a_terminal(command)
     assert "manifest" in text
     assert "━" in text  # rich's bar
     assert "2000000/2000000" in text  # rows written of the manifest's rows
