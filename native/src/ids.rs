@@ -30,7 +30,7 @@ fn is_hex_id(value: &str) -> bool {
 pub struct PopulationId(String);
 
 /// `InvalidArgument` unless `id` is a population id.
-pub fn check_population_id(id: &str) -> Result<()> {
+fn check_population_id(id: &str) -> Result<()> {
     if is_hex_id(id) {
         Ok(())
     } else {
@@ -58,6 +58,11 @@ impl From<PopulationId> for String {
 impl PopulationId {
     pub fn parse(value: &str) -> Result<Self> {
         Self::try_from(value.to_string())
+    }
+
+    /// The id of content whose xxh3-128 is `hash`.
+    pub fn of_hash(hash: u128) -> Self {
+        PopulationId(format!("{hash:032x}"))
     }
 
     pub fn as_str(&self) -> &str {

@@ -220,15 +220,16 @@ impl StreamRequest {
 
     /// The request with its population and epoch length fixed, so that every
     /// replica serves the same stream whatever becomes active later.
-    pub fn pinned(&self, population: &str, epoch_len: NonZeroU64) -> Result<Self> {
-        Ok(StreamRequest {
-            population: Some(match &self.population {
-                Some(id) => id.clone(),
-                None => PopulationId::try_from(population.to_string())?,
-            }),
+    pub fn pinned(&self, population: &PopulationId, epoch_len: NonZeroU64) -> Self {
+        StreamRequest {
+            population: Some(
+                self.population
+                    .clone()
+                    .unwrap_or_else(|| population.clone()),
+            ),
             epoch_len: Some(self.epoch_len.unwrap_or(epoch_len)),
             ..self.clone()
-        })
+        }
     }
 
     /// Compact JSON with the keys in declaration order.

@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 use arrow_array::RecordBatch;
 
 use crate::error::{Error, Result};
+use crate::ids::PopulationId;
 use crate::population::{
-    check_population_id, write_population, ActivationLock, ActivePopulation, Population,
-    PopulationStore,
+    write_population, ActivationLock, ActivePopulation, Population, PopulationStore,
 };
 use crate::remote::Bucket;
 use crate::request::StreamRequest;
@@ -45,7 +45,10 @@ pub enum StateLocation {
 const LOADED_POPULATIONS: usize = 8;
 
 /// Recently used populations by id, with their use order (oldest first).
-type LoadedPopulations = (HashMap<String, Arc<Population>>, VecDeque<String>);
+type LoadedPopulations = (
+    HashMap<PopulationId, Arc<Population>>,
+    VecDeque<PopulationId>,
+);
 
 pub struct DatasetService {
     name: String,
@@ -265,12 +268,12 @@ impl DatasetService {
         Error::NotFound(format!("dataset '{}' has no active population", self.name))
     }
 
-    pub fn populations(&self) -> Result<Vec<String>> {
+    pub fn populations(&self) -> Result<Vec<PopulationId>> {
         self.store.list()
     }
 
     /// The population `id`, loaded from the store and validated on first use.
-    pub fn population(&self, id: &str) -> Result<Arc<Population>> {
+    pub fn population(&self, id: &PopulationId) -> Result<Arc<Population>> {
         let loaded = self.lock()?.0.get(id).cloned();
         if let Some(found) = loaded {
             // Another replica may have removed it: the store decides (one
@@ -295,7 +298,7 @@ impl DatasetService {
         &self,
         batches: impl IntoIterator<Item = Result<RecordBatch>>,
         activate: bool,
-    ) -> Result<(String, u64)> {
+    ) -> Result<(PopulationId, u64)> {
         let (id, rows, _) = self.put_holding_activation(batches, activate)?;
         Ok((id, rows))
     }
@@ -308,7 +311,7 @@ impl DatasetService {
         &self,
         batches: impl IntoIterator<Item = Result<RecordBatch>>,
         activate: bool,
-    ) -> Result<(String, u64, Option<ActivationLock>)> {
+    ) -> Result<(PopulationId, u64, Option<ActivationLock>)> {
         // Validated and written without the lock: only the renames and the
         // pointer wait for other activations.
         let written = write_population(self.caches(), &self.store.scratch_dir(), batches)?;
@@ -377,10 +380,9 @@ impl DatasetService {
 
     /// Delete a stored population that is not active: tickets that pin it get
     /// `NotFound` from then on (streams already open finish), on every replica.
-    pub fn remove_population(&self, id: &str) -> Result<()> {
-        check_population_id(id)?;
+    pub fn remove_population(&self, id: &PopulationId) -> Result<()> {
         let lock = self.store.lock_activation()?;
-        if self.active()?.population == id {
+        if self.active()?.population == *id {
             return Err(Error::invalid(format!(
                 "population {id} is the active population of dataset '{}' and cannot be \
                  removed; activate another population first (put or do_put with activate), \
@@ -405,7 +407,7 @@ impl DatasetService {
                 self.name
             ))
         })?;
-        request.pinned(&active.population, epoch_len)
+        Ok(request.pinned(&active.population, epoch_len))
     }
 
     fn context(&self, request: &StreamRequest) -> Result<BatchContext> {
@@ -414,7 +416,7 @@ impl DatasetService {
             return Err(Error::internal("a pinned request names no population"));
         };
         let window = request.window()?;
-        let population = self.population(population.as_str())?;
+        let population = self.population(population)?;
         BatchContext::new(
             self.caches.current()?,
             population,
@@ -493,7 +495,7 @@ impl DatasetService {
         let Some(id) = &request.population else {
             return Ok((request, None));
         };
-        let schema = self.population(id.as_str())?.schema();
+        let schema = self.population(id)?.schema();
         match schema.field_with_name(&column) {
             Ok(field) if crate::stream::served::groupable(field.data_type()) => {
                 request.columns.push(column.clone());
@@ -529,7 +531,7 @@ impl DatasetService {
             .map_err(|_| Error::internal("the population cache's lock is poisoned"))
     }
 
-    fn forget(&self, id: &str) -> Result<()> {
+    fn forget(&self, id: &PopulationId) -> Result<()> {
         let mut guard = self.lock()?;
         let (map, order) = &mut *guard;
         map.remove(id);
@@ -537,11 +539,11 @@ impl DatasetService {
         Ok(())
     }
 
-    fn remember(&self, id: &str, population: Arc<Population>) -> Result<()> {
+    fn remember(&self, id: &PopulationId, population: Arc<Population>) -> Result<()> {
         let mut guard = self.lock()?;
         let (map, order) = &mut *guard;
-        if map.insert(id.to_string(), population).is_none() {
-            order.push_back(id.to_string());
+        if map.insert(id.clone(), population).is_none() {
+            order.push_back(id.clone());
         }
         while order.len() > LOADED_POPULATIONS {
             if let Some(old) = order.pop_front() {

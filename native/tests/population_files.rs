@@ -14,6 +14,7 @@ use arrow_array::{
     FixedSizeBinaryArray, Float32Array, Float64Array, Int64Array, LargeStringArray, NullArray,
     RecordBatch, StringArray, StringViewArray, UInt64Array,
 };
+use dataset_rt_native::ids::PopulationId;
 use dataset_rt_native::population::{write_population, Population, PopulationStore};
 use dataset_rt_native::sampling::StreamOrder;
 use dataset_rt_native::storage::{
@@ -133,7 +134,7 @@ fn keep(
     caches: &Arc<CacheSet>,
     table: &RecordBatch,
     sizes: &[usize],
-) -> String {
+) -> PopulationId {
     let written =
         write_population(caches.clone(), &store.scratch_dir(), batches(table, sizes)).unwrap();
     store.keep(written).unwrap()
@@ -341,7 +342,7 @@ fn damaged_population_files_are_refused_with_the_file_named() {
     let table_bytes = std::fs::read(&table_path).unwrap();
     for cut in [10, table_bytes.len() / 2, table_bytes.len() - 9] {
         std::fs::write(&table_path, &table_bytes[..cut]).unwrap();
-        assert!(refused("cut table").contains(&id), "cut at {cut}");
+        assert!(refused("cut table").contains(id.as_str()), "cut at {cut}");
     }
     // A byte flipped in the rows' values is found by verify.
     let mut flipped = rows_bytes.clone();

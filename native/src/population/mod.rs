@@ -27,7 +27,6 @@ use crate::error::{Error, Result};
 use crate::sampling::AliasTable;
 use crate::storage::CacheSet;
 
-pub use crate::ids::check_population_id;
 pub use remote::ActivePopulation;
 pub use rows::{caches_key, PopulationRows};
 pub use scratch::{library_scratch_dir, TEMP_PREFIX};

@@ -52,7 +52,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::ids::check_population_id;
+use crate::ids::PopulationId;
 use crate::remote::Bucket;
 
 /// Rounds an activation retries when others keep winning before it gives up.
@@ -84,7 +84,7 @@ struct Checkpoint {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ActivePopulation {
-    pub population: String,
+    pub population: PopulationId,
     pub epoch_len: u64,
 }
 
@@ -260,20 +260,19 @@ impl RemoteLog {
             Ok(entry) => entry,
             Err(e) => return Ok(Err(format!("it is not an activation ({e})"))),
         };
-        if check_population_id(&entry.population).is_err() {
+        let Ok(population) = PopulationId::parse(&entry.population) else {
             return Ok(Err("it names no valid population id".into()));
-        }
+        };
         if entry.epoch_len == 0 {
             return Ok(Err("its epoch length is 0".into()));
         }
-        if !self.bucket.exists(&population_key(&entry.population))? {
+        if !self.bucket.exists(&population_key(&population))? {
             return Ok(Err(format!(
-                "it names population {}, which is not in the store",
-                entry.population
+                "it names population {population}, which is not in the store"
             )));
         }
         Ok(Ok(ActivePopulation {
-            population: entry.population,
+            population,
             epoch_len: entry.epoch_len,
         }))
     }
@@ -314,7 +313,7 @@ impl RemoteLog {
                 )));
             }
             let entry = LogEntry {
-                population: next.population.clone(),
+                population: next.population.to_string(),
                 epoch_len: next.epoch_len,
             };
             let bytes = serde_json::to_vec(&entry)
@@ -348,7 +347,7 @@ impl RemoteLog {
 }
 
 /// The object whose presence says a population is stored (`store.rs`).
-fn population_key(id: &str) -> String {
+fn population_key(id: &PopulationId) -> String {
     format!("populations/{id}.arrow")
 }
 
@@ -388,7 +387,7 @@ mod tests {
             )
             .expect("store a population");
         ActivePopulation {
-            population,
+            population: PopulationId::parse(&population).expect("an id"),
             epoch_len,
         }
     }

@@ -34,7 +34,7 @@
 
 use std::fs::{self, File, OpenOptions};
 
-use crate::ids::RunId;
+use crate::ids::{PopulationId, RunId};
 use crate::run::fence::{Claim, Runs};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -58,7 +58,6 @@ use super::scratch::TEMP_PREFIX;
 use super::table_id::canonical;
 use super::writer::{write_population, WrittenPopulation};
 use super::Population;
-use crate::ids::check_population_id;
 use crate::remote::Bucket;
 use crate::storage::CacheSet;
 
@@ -149,11 +148,11 @@ impl PopulationStore {
         }
     }
 
-    fn path_of(&self, id: &str) -> PathBuf {
+    fn path_of(&self, id: &PopulationId) -> PathBuf {
         self.dir.join(POPULATIONS).join(format!("{id}.arrow"))
     }
 
-    fn rows_path_of(&self, id: &str) -> PathBuf {
+    fn rows_path_of(&self, id: &PopulationId) -> PathBuf {
         self.dir.join(POPULATIONS).join(format!("{id}.rows"))
     }
 
@@ -164,7 +163,7 @@ impl PopulationStore {
     }
 
     /// Store a written population (if it is not stored yet) and return its id.
-    pub fn keep(&self, written: WrittenPopulation) -> Result<String> {
+    pub fn keep(&self, written: WrittenPopulation) -> Result<PopulationId> {
         let id = written.id.clone();
         let table = self.path_of(&id);
         if table.exists() {
@@ -188,7 +187,7 @@ impl PopulationStore {
     /// Bring the population `id` from where replicas share it into this
     /// directory (rows, then the table), checked against its id before it
     /// is used. `NotFound` when the store does not hold it.
-    fn fetch(&self, id: &str, caches: &CacheSet) -> Result<()> {
+    fn fetch(&self, id: &PopulationId, caches: &CacheSet) -> Result<()> {
         if !self.shared.exists(&remote_table(id))? {
             return Err(self.not_found(id));
         }
@@ -206,8 +205,7 @@ impl PopulationStore {
     /// Map the population `id`. A store written before rows files existed
     /// has none: it is built once from the table (a full read, checked
     /// against the id), then kept.
-    pub fn open_population(&self, id: &str, caches: &Arc<CacheSet>) -> Result<Population> {
-        check_population_id(id)?;
+    pub fn open_population(&self, id: &PopulationId, caches: &Arc<CacheSet>) -> Result<Population> {
         let table = self.path_of(id);
         if !table.exists() {
             self.fetch(id, caches)?;
@@ -218,7 +216,7 @@ impl PopulationStore {
             let mapped = super::MappedTable::open(&table)?.unchecked();
             let slices = mapped.checked_slices().map(|s| s.map_err(Error::from));
             let written = write_population(caches.clone(), &self.scratch_dir(), slices)?;
-            if written.id != id {
+            if written.id != *id {
                 return Err(Error::corrupt_population(
                     &table,
                     format!("the content hashes to {}, not to its name", written.id),
@@ -231,7 +229,7 @@ impl PopulationStore {
 
     /// Check the population `id` in full: its table hashes to its id and its
     /// rows file matches its checksum.
-    pub fn verify(&self, id: &str, caches: &CacheSet) -> Result<()> {
+    pub fn verify(&self, id: &PopulationId, caches: &CacheSet) -> Result<()> {
         self.check_table_hash(id, caches)?;
         let rows = self.rows_path_of(id);
         if rows.exists() {
@@ -257,7 +255,7 @@ impl PopulationStore {
 
     /// Store `table` whole, without a rows file, as stores were written
     /// before populations streamed (tests of old stores; the id is the same).
-    pub fn put_table(&self, table: &RecordBatch) -> Result<String> {
+    pub fn put_table(&self, table: &RecordBatch) -> Result<PopulationId> {
         let table = &canonical(table)?;
         let mut bytes = Vec::new();
         {
@@ -265,7 +263,7 @@ impl PopulationStore {
             writer.write(table)?;
             writer.finish()?;
         }
-        let id = format!("{:032x}", xxh3_128(&bytes));
+        let id = PopulationId::of_hash(xxh3_128(&bytes));
         let path = self.path_of(&id);
         if !path.exists() {
             self.write_atomically(&path, &bytes)?;
@@ -283,9 +281,14 @@ impl PopulationStore {
     /// population stored again counts from then), never `active`. Returns the
     /// ids removed, oldest first. The caller holds the activation lock, so no
     /// activation of a population being removed is under way.
-    pub fn retain(&self, lock: &ActivationLock, keep: usize, active: &str) -> Result<Vec<String>> {
+    pub fn retain(
+        &self,
+        lock: &ActivationLock,
+        keep: usize,
+        active: &PopulationId,
+    ) -> Result<Vec<PopulationId>> {
         self.refuse_removal()?;
-        let mut stored: Vec<(std::time::SystemTime, String)> = self
+        let mut stored: Vec<(std::time::SystemTime, PopulationId)> = self
             .list()?
             .into_iter()
             .filter(|id| id != active)
@@ -297,7 +300,8 @@ impl PopulationStore {
         // Newest first; the active one is kept on top of `keep` - 1 others.
         stored.sort_by(|a, b| b.cmp(a));
         let others = keep.saturating_sub(1);
-        let mut removed: Vec<String> = stored.into_iter().skip(others).map(|(_, id)| id).collect();
+        let mut removed: Vec<PopulationId> =
+            stored.into_iter().skip(others).map(|(_, id)| id).collect();
         removed.reverse();
         for id in &removed {
             match self.remove(lock, id) {
@@ -308,14 +312,13 @@ impl PopulationStore {
         Ok(removed)
     }
 
-    pub fn contains(&self, id: &str) -> bool {
-        check_population_id(id).is_ok()
-            && (self.path_of(id).exists() || self.shared.exists(&remote_table(id)).unwrap_or(false))
+    pub fn contains(&self, id: &PopulationId) -> bool {
+        self.path_of(id).exists() || self.shared.exists(&remote_table(id)).unwrap_or(false)
     }
 
     /// The table stored under `id`, verified against its id, whole in memory
     /// (for tests and small tables: a population is read by mapping it).
-    pub fn load(&self, id: &str, caches: &CacheSet) -> Result<RecordBatch> {
+    pub fn load(&self, id: &PopulationId, caches: &CacheSet) -> Result<RecordBatch> {
         let mut table = self.check_table_hash(id, caches)?;
         if !table.left_out().is_empty() {
             let rows = PopulationRows::open(&self.rows_path_of(id), caches)?;
@@ -327,8 +330,7 @@ impl PopulationStore {
     /// The table file of `id` (with its rows file's keys, if it leaves its
     /// identities out), hashed (read in order, not into memory) and found
     /// equal to its name.
-    fn check_table_hash(&self, id: &str, caches: &CacheSet) -> Result<super::MappedTable> {
-        check_population_id(id)?;
+    fn check_table_hash(&self, id: &PopulationId, caches: &CacheSet) -> Result<super::MappedTable> {
         let path = self.path_of(id);
         if !path.exists() {
             return Err(self.not_found(id));
@@ -339,7 +341,7 @@ impl PopulationStore {
             _ => Some(PopulationRows::keys_file(&self.rows_path_of(id), caches)?),
         };
         let computed = super::table_id(&table, keys.as_ref())?;
-        if computed != id {
+        if computed != *id {
             return Err(Error::corrupt_population(
                 &path,
                 format!("the content hashes to {computed}, not to its name"),
@@ -350,8 +352,7 @@ impl PopulationStore {
 
     /// Delete the population `id`. The caller checked that it is not active
     /// and holds the activation lock, so that no activation of it is under way.
-    pub fn remove(&self, _lock: &ActivationLock, id: &str) -> Result<()> {
-        check_population_id(id)?;
+    pub fn remove(&self, _lock: &ActivationLock, id: &PopulationId) -> Result<()> {
         self.refuse_removal()?;
         let path = self.path_of(id);
         match fs::remove_file(&path) {
@@ -364,7 +365,7 @@ impl PopulationStore {
         }
     }
 
-    fn not_found(&self, id: &str) -> Error {
+    fn not_found(&self, id: &PopulationId) -> Error {
         Error::NotFound(format!(
             "population {id} is not in the store {}; list the stored populations \
              with the 'list_populations' action",
@@ -373,14 +374,14 @@ impl PopulationStore {
     }
 
     /// Stored population ids, sorted.
-    pub fn list(&self) -> Result<Vec<String>> {
-        let mut ids: Vec<String> = self
+    pub fn list(&self) -> Result<Vec<PopulationId>> {
+        let mut ids: Vec<PopulationId> = self
             .shared
             .list(POPULATIONS, None)?
             .iter()
             .filter_map(|name| {
                 let id = name.strip_prefix("populations/")?.strip_suffix(".arrow")?;
-                check_population_id(id).ok().map(|_| id.to_string())
+                PopulationId::parse(id).ok()
             })
             .collect();
         ids.sort();
@@ -409,13 +410,7 @@ impl PopulationStore {
         _lock: &ActivationLock,
         mut change: impl FnMut(Option<&ActivePopulation>) -> Result<Option<ActivePopulation>>,
     ) -> Result<Option<ActivePopulation>> {
-        self.log.update(|current| {
-            let next = change(current)?;
-            if let Some(next) = &next {
-                check_population_id(&next.population)?;
-            }
-            Ok(next)
-        })
+        self.log.update(&mut change)
     }
 
     /// Entries of the activation log skipped as damaged or hostile.
@@ -461,7 +456,7 @@ fn legacy_pointer(shared: &Bucket) -> Result<Option<ActivePopulation>> {
         return Ok(None);
     };
     match serde_json::from_slice::<ActivePopulation>(&bytes) {
-        Ok(active) if check_population_id(&active.population).is_ok() => Ok(Some(active)),
+        Ok(active) => Ok(Some(active)),
         _ => {
             eprintln!(
                 "warning: ignored {}/{ACTIVE}, which is not a valid active pointer",
@@ -472,11 +467,11 @@ fn legacy_pointer(shared: &Bucket) -> Result<Option<ActivePopulation>> {
     }
 }
 
-fn remote_table(id: &str) -> String {
+fn remote_table(id: &PopulationId) -> String {
     format!("{POPULATIONS}/{id}.arrow")
 }
 
-fn remote_rows(id: &str) -> String {
+fn remote_rows(id: &PopulationId) -> String {
     format!("{POPULATIONS}/{id}.rows")
 }
 
@@ -532,10 +527,9 @@ mod tests {
         );
         assert_eq!(store.list().unwrap().len(), 2);
         assert!(matches!(
-            store.load(&"0".repeat(32), &caches(&dir)),
+            store.load(&PopulationId::of_hash(0), &caches(&dir)),
             Err(Error::NotFound(_))
         ));
-        assert!(store.load("../etc", &caches(&dir)).is_err());
         let path = store.path_of(&a);
         let mut bytes = fs::read(&path).unwrap();
         let last = bytes.len() - 1;
@@ -554,7 +548,7 @@ mod tests {
         assert_eq!(store.active().unwrap(), None);
         let lock = store.lock_activation().unwrap();
         let missing = ActivePopulation {
-            population: "a".repeat(32),
+            population: PopulationId::of_hash(0xa),
             epoch_len: 7,
         };
         assert!(matches!(
@@ -641,10 +635,6 @@ mod tests {
             store.load(&id, &caches(&dir)),
             Err(Error::NotFound(_))
         ));
-        assert!(matches!(
-            store.remove(&lock, "x"),
-            Err(Error::InvalidArgument(_))
-        ));
     }
 
     #[test]
@@ -712,7 +702,7 @@ mod tests {
     fn retain_keeps_the_newest_and_never_the_active_one() {
         let dir = tempfile::tempdir().unwrap();
         let store = PopulationStore::open(dir.path()).unwrap();
-        let ids: Vec<String> = (1..=5)
+        let ids: Vec<PopulationId> = (1..=5)
             .map(|w| {
                 let id = store.put_table(&table(w as f64)).unwrap();
                 // Distinct times even on a file system with coarse ones.
@@ -742,7 +732,7 @@ mod tests {
         // Storing a table again makes it recent.
         assert_eq!(
             store.retain(&lock, 5, &ids[0]).unwrap(),
-            Vec::<String>::new()
+            Vec::<PopulationId>::new()
         );
     }
 

@@ -22,6 +22,7 @@ use super::table::{MappedTable, CHUNKED, LAYOUT_KEY};
 use super::table_id::table_id;
 use super::BATCH_ROWS;
 use crate::error::{Error, IoContext, Result};
+use crate::ids::PopulationId;
 use crate::storage::DirectWriter;
 
 pub struct TableWriter {
@@ -42,7 +43,7 @@ pub struct TableWriter {
 
 /// The stored table: its id and its complete file.
 pub struct StoredTable {
-    pub id: String,
+    pub id: PopulationId,
     pub file: ScratchFile,
 }
 

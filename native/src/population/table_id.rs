@@ -28,6 +28,7 @@ use super::ids::{IdColumn, KeysFile};
 use super::table::{Chunks, MappedTable};
 use crate::error::{Error, Result};
 use crate::hash::xxh3_128;
+use crate::ids::PopulationId;
 
 /// The representation a population is stored and named in, so that the same
 /// logical table gets the same id whichever client encoded it: every string
@@ -61,9 +62,9 @@ pub fn canonical(table: &RecordBatch) -> Result<RecordBatch> {
 /// The id of the table stored in `table` (see the module's header). A table
 /// that leaves its identity columns out (`ids.rs`) is hashed with them, made
 /// from `keys`, its rows file's.
-pub fn table_id(table: &MappedTable, keys: Option<&KeysFile>) -> Result<String> {
+pub fn table_id(table: &MappedTable, keys: Option<&KeysFile>) -> Result<PopulationId> {
     if !table.is_chunked() {
-        return Ok(format!("{:032x}", xxh3_128(table.bytes())));
+        return Ok(PopulationId::of_hash(xxh3_128(table.bytes())));
     }
     let chunks = table.unchecked();
     let rows = chunks.num_rows();
@@ -115,7 +116,7 @@ pub fn table_id(table: &MappedTable, keys: Option<&KeysFile>) -> Result<String> 
         return Err(Error::corrupt_population(table.path(), detail));
     }
     written?;
-    Ok(format!("{:032x}", sink.hash.finish_128()))
+    Ok(PopulationId::of_hash(sink.hash.finish_128()))
 }
 
 /// How a placeholder's bytes are made from column `column` of the chunks.

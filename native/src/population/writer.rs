@@ -22,6 +22,7 @@ use super::table_id::canonical;
 use super::validate::{check_unique_columns, validate_table, EMPTY_TABLE};
 use super::Population;
 use crate::error::{Error, Result};
+use crate::ids::PopulationId;
 use crate::storage::CacheSet;
 
 /// The first failing rows seen so far, merged over batches.
@@ -47,7 +48,7 @@ pub struct PopulationWriter {
 /// A population written to scratch files: its id and row count, ready to be
 /// renamed into a store (`keep_in`) or opened where it lies (`open_unnamed`).
 pub struct WrittenPopulation {
-    pub id: String,
+    pub id: PopulationId,
     pub rows: u64,
     table: ScratchFile,
     rows_file: ScratchFile,

@@ -18,7 +18,7 @@ use super::errors::IntoPyResult;
 use super::request::StreamRequest;
 use super::Runtime;
 use crate::error::Error;
-use crate::population::check_population_id;
+use crate::ids::PopulationId;
 use crate::remote::is_url;
 use crate::service::{DatasetService as Engine, StateLocation};
 use crate::storage::publish::validate_name;
@@ -170,14 +170,15 @@ impl DatasetService {
             })
             .py()?;
         Ok(ActivePopulation {
-            population: active.population,
+            population: active.population.into(),
             epoch_len: active.epoch_len,
             rows,
         })
     }
 
     fn populations(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        py.detach(|| self.inner.populations()).py()
+        let ids = py.detach(|| self.inner.populations()).py()?;
+        Ok(ids.into_iter().map(String::from).collect())
     }
 
     /// Validate and store a table, read batch by batch from any Arrow C
@@ -200,13 +201,13 @@ impl DatasetService {
         // GIL again: Python code that records the acknowledgement right after
         // `put` returns then records activations in the order they took effect.
         drop(activation);
-        Ok((id, rows))
+        Ok((id.into(), rows))
     }
 
     /// Delete a stored population that is not the active one.
     fn remove_population(&self, py: Python<'_>, population_id: String) -> PyResult<()> {
-        py.detach(|| self.inner.remove_population(&population_id))
-            .py()
+        let id = PopulationId::parse(&population_id).py()?;
+        py.detach(|| self.inner.remove_population(&id)).py()
     }
 
     fn set_epoch_len(&self, py: Python<'_>, epoch_len: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -219,13 +220,11 @@ impl DatasetService {
     /// The metadata table of population `population` (the active one if None).
     #[pyo3(signature = (population=None))]
     fn metadata(&self, py: Python<'_>, population: Option<String>) -> PyResult<ArrowTable> {
+        let population = population.as_deref().map(PopulationId::parse);
         let table = py
             .detach(|| {
                 let id = match population {
-                    Some(id) => {
-                        check_population_id(&id)?;
-                        id
-                    }
+                    Some(id) => id?,
                     None => self.inner.active()?.population,
                 };
                 self.inner.population(&id).map(|p| p.unchecked_table())
