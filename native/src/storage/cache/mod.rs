@@ -7,6 +7,7 @@
 //! | `open.rs` | opening a cache directory, each file checked against the manifest |
 //! | `shard.rs` | one open shard file: its mapping, its identity on disk |
 //! | `metadata.rs` | `metadata.arrow`, decoded in place and checked against the manifest |
+//! | `source.rs` | where shard files come from: in place, or fetched on first read (`ShardSource`) |
 //! | `remote.rs` | a cache on object storage, through a local mirror; shards fetched on first read |
 //! | `read.rs` | reading records: copied, prefetched, lent, or verified in place |
 //! | `verify.rs` | checking an open cache again: every checksum, a file cut or replaced |
@@ -18,11 +19,12 @@ mod read;
 mod remote;
 mod set;
 mod shard;
+mod source;
 pub use shard::{identity as file_stamp, Stamp};
 mod verify;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_array::RecordBatch;
 
@@ -31,7 +33,6 @@ use super::manifest::Manifest;
 use super::schema::ColumnSpec;
 use super::slab::Slab;
 use crate::os::mapped::MappedFile;
-use remote::Remote;
 use shard::Shard;
 
 pub use set::CacheSet;
@@ -51,9 +52,11 @@ pub struct Cache {
     /// Opened with the cache, or (on object storage) when first read.
     shards: Vec<OnceLock<Shard>>,
     shard_paths: Vec<PathBuf>,
-    /// Where shards not in `dir` yet come from (a cache on object storage),
-    /// with one lock per shard so that one fetch does not wait for another.
-    remote: Option<Remote>,
+    /// One lock per shard held while it is brought and opened on a first
+    /// read, so that one fetch does not wait for another.
+    opening: Vec<Mutex<()>>,
+    /// Where shard files come from (`source.rs`).
+    source: Box<dyn source::ShardSource>,
 }
 
 impl Cache {

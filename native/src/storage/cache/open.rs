@@ -8,13 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::metadata::read_metadata;
-use super::remote::Remote;
 use super::shard::Shard;
+use super::source::{InPlace, ShardSource};
 use super::Cache;
 use crate::error::{Error, Result};
 use crate::hash::xxh3_64;
 use crate::os::mapped::MappedFile;
-use crate::remote::Bucket;
 use crate::storage::index::{StoredEntry, INDEX_ENTRY_BYTES};
 use crate::storage::manifest::{FileEntry, Manifest};
 use crate::storage::slab::Slab;
@@ -24,14 +23,14 @@ impl Cache {
     /// Open `dir`, checking its structure and the small files' checksums. With
     /// `verify_shards`, every shard's full checksum is verified too.
     pub fn open(dir: &Path, verify_shards: bool) -> Result<Self> {
-        Self::open_from(dir, verify_shards, None)
+        Self::open_from(dir, verify_shards, Box::new(InPlace))
     }
 
-    /// Open `dir`; its shards now, or with `remote` when first read.
+    /// Open `dir`, its shards opened when `source` says (now, or when first read).
     pub(super) fn open_from(
         dir: &Path,
         verify_shards: bool,
-        remote: Option<(Bucket, PathBuf)>,
+        source: Box<dyn ShardSource>,
     ) -> Result<Self> {
         if !dir.exists() {
             return Err(Error::NotFound(format!(
@@ -71,21 +70,14 @@ impl Cache {
             .chain([(METADATA_FILE, metadata_map)])
             .collect();
         let shard_paths: Vec<PathBuf> = manifest.shards.iter().map(|e| dir.join(&e.file)).collect();
-        let shards = match &remote {
-            Some(_) => manifest.shards.iter().map(|_| OnceLock::new()).collect(),
-            None => manifest
-                .shards
-                .iter()
-                .zip(&shard_paths)
-                .map(|(entry, path)| Shard::open(path, entry, verify_shards).map(OnceLock::from))
-                .collect::<Result<Vec<_>>>()?,
-        };
+        let shards = manifest
+            .shards
+            .iter()
+            .zip(&shard_paths)
+            .map(|(entry, path)| source.at_open(entry, path, verify_shards))
+            .collect::<Result<Vec<OnceLock<Shard>>>>()?;
         check_index_bounds(&index_path, &index, &manifest.shards)?;
-        let remote = remote.map(|(bucket, mirror)| Remote {
-            bucket,
-            fetching: manifest.shards.iter().map(|_| Mutex::new(())).collect(),
-            mirror,
-        });
+        let opening = manifest.shards.iter().map(|_| Mutex::new(())).collect();
         Ok(Cache {
             dir: dir.to_path_buf(),
             manifest,
@@ -94,7 +86,8 @@ impl Cache {
             mapped_files,
             shards,
             shard_paths,
-            remote,
+            opening,
+            source,
         })
     }
 }

@@ -1,26 +1,43 @@
 //! A cache on object storage, read through a local mirror (`open_remote`):
 //! its manifest, index and metadata are fetched when it is opened, each shard
-//! when a read first needs it (`Cache::shard`), one fetch per shard at a time,
-//! and the mirror kept within its budget (`storage::mirror`). A local cache
-//! has every shard open from the start, so `Cache::shard` only looks it up.
+//! when a read first needs it (`Mirrored`, the cache's `ShardSource`), one
+//! fetch per shard at a time, and the mirror kept within its budget
+//! (`storage::mirror`).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use super::shard::Shard;
+use super::source::ShardSource;
 use super::Cache;
 use crate::error::{Error, Result};
 use crate::hash::xxh3_64;
 use crate::remote::Bucket;
+use crate::storage::manifest::FileEntry;
 use crate::storage::upload::Published;
 use crate::storage::{hex64, mirror, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
 
-/// The object storage a cache's shards are fetched from.
-pub(super) struct Remote {
-    pub(super) bucket: Bucket,
-    pub(super) fetching: Vec<Mutex<()>>,
-    /// The mirror the shards go to, bounded as a whole (`mirror`).
-    pub(super) mirror: PathBuf,
+/// The shards of a cache on object storage: fetched into the mirror when a
+/// read first needs one, the mirror kept within its budget as a whole.
+struct Mirrored {
+    bucket: Bucket,
+    mirror: PathBuf,
+}
+
+impl ShardSource for Mirrored {
+    fn at_open(&self, _entry: &FileEntry, _path: &Path, _verify: bool) -> Result<OnceLock<Shard>> {
+        Ok(OnceLock::new())
+    }
+
+    fn bring(&self, entry: &FileEntry, path: &Path) -> Result<()> {
+        if std::fs::metadata(path).is_ok_and(|m| m.len() == entry.bytes) {
+            mirror::touch(path);
+        } else {
+            self.bucket.download(&entry.file, path)?;
+            mirror::evict(&self.mirror, path);
+        }
+        Ok(())
+    }
 }
 
 impl Cache {
@@ -47,7 +64,11 @@ impl Cache {
                 files.download(file, &dir.join(file))?;
             }
         }
-        let cache = Self::open_from(&dir, false, Some((files, mirror.to_path_buf())))?;
+        let source = Mirrored {
+            bucket: files,
+            mirror: mirror.to_path_buf(),
+        };
+        let cache = Self::open_from(&dir, false, Box::new(source))?;
         if cache.cache_id() != published.cache_id {
             return Err(Error::corrupt(
                 &dir,
@@ -60,44 +81,6 @@ impl Cache {
             ));
         }
         Ok(cache)
-    }
-
-    /// Shard `i`, fetched and opened first if it is on object storage and
-    /// not read yet (a shard already in the mirror is opened as it is).
-    pub(super) fn shard(&self, i: usize) -> Result<&Shard> {
-        let slot = self
-            .shards
-            .get(i)
-            .ok_or_else(|| Error::internal(format!("shard {i} is out of range")))?;
-        if let Some(shard) = slot.get() {
-            return Ok(shard);
-        }
-        let Some(remote) = &self.remote else {
-            return Err(Error::internal(format!("shard {i} was never opened")));
-        };
-        let _fetching = remote.fetching[i]
-            .lock()
-            .map_err(|_| Error::internal("a shard fetch lock was poisoned"))?;
-        if let Some(shard) = slot.get() {
-            return Ok(shard);
-        }
-        let entry = &self.manifest.shards[i];
-        let path = &self.shard_paths[i];
-        let present = std::fs::metadata(path).is_ok_and(|m| m.len() == entry.bytes);
-        if present {
-            mirror::touch(path);
-        } else {
-            remote.bucket.download(&entry.file, path)?;
-            mirror::evict(&remote.mirror, path);
-        }
-        let _ = slot.set(Shard::open(path, entry, false)?);
-        slot.get()
-            .ok_or_else(|| Error::internal(format!("shard {i} could not be kept")))
-    }
-
-    /// Shard `i` if it is open (never fetches: for hints).
-    pub(super) fn open_shard(&self, i: usize) -> Option<&Shard> {
-        self.shards.get(i).and_then(OnceLock::get)
     }
 }
 
