@@ -253,6 +253,33 @@ def test_a_population_file_cut_under_the_server_is_refused_then_reopened(
         client.close()
 
 
+def test_a_population_table_cut_under_the_server_fails_a_metadata_read_as_damage(
+    two_datasets: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """Issue 46, finding 5: after the active population's table file (``.arrow``)
+    was cut, the first metadata read got UNAVAILABLE "Stream removed" while the
+    server logged a client cancel. It is the server's damage: INTERNAL naming the
+    file, the server lives on, and the restored file is read again."""
+    _, args = two_datasets
+    ticket = flight.Ticket(json.dumps({"dataset": "damaged", "metadata": True}))
+    with ServerProcess(args) as server:
+        client = flight.connect(server.location())
+        assert client.do_get(ticket, options()).read_all().num_rows == RECORDS
+        (table,) = (tmp_path / "state" / "damaged").glob("caches-*/populations/*.arrow")
+        original = cut(table, 64)
+        with pytest.raises(flight.FlightInternalError) as failed:
+            client.do_get(ticket, options()).read_all()
+        message = str(failed.value)
+        assert "'damaged'" in message, message
+        assert table.name in message, message
+        assert str(tmp_path) not in message, message
+        assert server.process.poll() is None, f"the server died; {server.output()}"
+        assert "cancel" not in server.output().lower(), server.output()
+        restore(table, original)
+        assert client.do_get(ticket, options()).read_all().num_rows == RECORDS
+        client.close()
+
+
 def read_ids(client: flight.FlightClient, dataset: str, got: list[int]) -> list[int]:
     """The sample ids of a weighted ids-only epoch, appended to ``got`` batch by
     batch (so that a stream failing midway leaves what it delivered)."""

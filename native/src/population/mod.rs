@@ -165,10 +165,55 @@ impl Population {
         Some(Error::corrupt_population(named(self.rows.path()), detail))
     }
 
-    /// Whether a read found a file of the population cut short under its
-    /// mapping (it must be opened again).
+    /// The table in checked slices (`Chunks::checked_slices`; `table` is
+    /// this population's table, projected as asked), for readers outside
+    /// the engine (Python, a Flight stream) that read a slice's bytes after
+    /// it is handed out: the population is checked before each slice and once
+    /// after the last, so a file cut or changed while a reader read ends the
+    /// stream with the damage instead of its end.
+    pub fn table_slices(
+        self: &Arc<Self>,
+        table: Chunks,
+    ) -> impl Iterator<Item = Result<RecordBatch>> + Send {
+        let population = self.clone();
+        let mut slices = table.checked_slices();
+        let mut done = false;
+        std::iter::from_fn(move || {
+            if done {
+                return None;
+            }
+            let next = match population.served_damage() {
+                Some(error) => Some(Err(error)),
+                None => slices
+                    .next()
+                    .map(|slice| slice.map_err(Error::from))
+                    .or_else(|| population.served_damage().map(Err)),
+            };
+            done = !matches!(next, Some(Ok(_)));
+            next
+        })
+    }
+
+    /// `damage`, or the table file changed on disk since it was mapped.
+    fn served_damage(&self) -> Option<Error> {
+        self.damage().or_else(|| {
+            self.table.changed().then(|| {
+                Error::corrupt_population(
+                    Path::new("populations")
+                        .join(self.table.path().file_name().unwrap_or_default()),
+                    "the population's table file changed on disk while it was served; the \
+                     next request opens it again (and refuses it if it is damaged)",
+                )
+            })
+        })
+    }
+
+    /// Whether the population must be opened again: a read found one of its
+    /// files cut short under its mapping, or its table file on disk is no
+    /// longer the one mapped (one `stat`; its values leave the engine as
+    /// views of the mapping, read after every check of ours).
     pub fn cut(&self) -> bool {
-        self.rows.truncated().is_some() || self.table.truncated().is_some()
+        self.rows.truncated().is_some() || self.table.truncated().is_some() || self.table.changed()
     }
 
     /// Whether the rows file on disk is no longer the one opened (one

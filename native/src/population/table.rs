@@ -261,6 +261,18 @@ pub struct MappedTable {
     /// Per stored column: its values checked in full (or why they failed).
     checked: Vec<OnceLock<std::result::Result<(), String>>>,
     map: Arc<MappedFile>,
+    /// The file as it was opened (`changed`).
+    stamp: Opened,
+}
+
+/// A table file's identity and length: a cut or a replacement changes it; a
+/// new modification time alone does not (the store marks a table stored
+/// again as recent by its time, `PopulationStore::keep`).
+type Opened = ((u64, u64), u64);
+
+fn opened(stat: &std::fs::Metadata) -> Opened {
+    let (dev, ino, _) = crate::storage::file_stamp(stat);
+    ((dev, ino), stat.len())
 }
 
 impl MappedTable {
@@ -270,6 +282,7 @@ impl MappedTable {
         if file.metadata().at("cannot stat", path)?.len() == 0 {
             return Err(damaged("the file is empty".into()));
         }
+        let stamp = opened(&file.metadata().at("cannot stat", path)?);
         let map = Arc::new(MappedFile::map(&file).at("cannot map", path)?);
         // Opening reads one message header per chunk (2 MiB apart at 32 bytes a
         // row). With the kernel's read-around each of those faults would read
@@ -277,12 +290,12 @@ impl MappedTable {
         // O(rows), at every start. Random advice reads just the header's pages;
         // normal readahead returns for the scans and streams that follow.
         let _ = map.advise(memmap2::Advice::Random);
-        let opened = Self::decode(path, &map);
+        let opened = Self::decode(path, &map, stamp);
         let _ = map.advise(memmap2::Advice::Normal);
         opened
     }
 
-    fn decode(path: &Path, map: &Arc<MappedFile>) -> Result<Self> {
+    fn decode(path: &Path, map: &Arc<MappedFile>, stamp: Opened) -> Result<Self> {
         let damaged = |detail: String| Error::corrupt_population(path, detail);
         let mut buffer = crate::storage::arrow_buffer(map, 0, map.len())
             .ok_or_else(|| damaged("cannot be mapped".into()))?;
@@ -385,6 +398,7 @@ impl MappedTable {
             path: path.to_path_buf(),
             checked,
             map: map.clone(),
+            stamp,
         })
     }
 
@@ -435,6 +449,14 @@ impl MappedTable {
     /// The file, if a read found it cut short under its mapping.
     pub fn truncated(&self) -> Option<&Path> {
         self.map.truncated().then_some(self.path.as_path())
+    }
+
+    /// Whether the file on disk is no longer the one opened (one `stat`): cut
+    /// or written over in place, replaced, or removed. A table's values are
+    /// handed out as views of its mapping (a metadata stream), read after
+    /// they leave the engine, so a changed file is opened again instead.
+    pub fn changed(&self) -> bool {
+        std::fs::metadata(&self.path).map_or(true, |m| opened(&m) != self.stamp)
     }
 
     /// Column `i`, its values checked in full on first use.

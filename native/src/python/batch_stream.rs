@@ -19,7 +19,6 @@ use pyo3::types::PyCapsule;
 use super::arrow::export_stream;
 use super::errors::{to_pyerr, Failure};
 use crate::error::{Error, Result};
-use crate::population::Chunks;
 use crate::stream::served::{lock, sent_bytes};
 use crate::stream::EpochStream;
 
@@ -123,10 +122,11 @@ impl BatchStream {
         )
     }
 
-    /// The table in slices, each checked as it goes (`Chunks::checked_slices`).
-    pub(super) fn of_table(table: Chunks) -> Self {
-        let schema = table.schema();
-        let slices = table.checked_slices().map(|r| r.map_err(Error::from));
+    /// A table in slices, each checked as it goes (`Population::table_slices`).
+    pub(super) fn of_slices(
+        schema: SchemaRef,
+        slices: impl Iterator<Item = crate::error::Result<RecordBatch>> + Send + 'static,
+    ) -> Self {
         Self::of(schema, Box::new(slices))
     }
 

@@ -220,22 +220,14 @@ impl DatasetService {
     /// The metadata table of population `population` (the active one if None).
     #[pyo3(signature = (population=None))]
     fn metadata(&self, py: Python<'_>, population: Option<String>) -> PyResult<ArrowTable> {
-        let population = population.as_deref().map(PopulationId::parse);
-        let table = py
-            .detach(|| {
-                let id = match population {
-                    Some(id) => id?,
-                    None => self.inner.active()?.population,
-                };
-                self.inner.population(&id).map(|p| p.unchecked_table())
-            })
-            .py()?;
-        Ok(ArrowTable::new(table))
+        let population = self.population_of(py, population)?;
+        Ok(ArrowTable::new(population.unchecked_table()))
     }
 
     /// The same table as `metadata`, as a stream of checked slices that a
     /// server can watch and cancel (`BatchStream`); only `columns`, in that
-    /// order, when given.
+    /// order, when given. A file of the population cut or changed while the
+    /// stream is read ends it with the damage (`Population::table_slices`).
     #[pyo3(signature = (population=None, columns=None))]
     fn metadata_stream(
         &self,
@@ -243,11 +235,16 @@ impl DatasetService {
         population: Option<String>,
         columns: Option<Vec<String>>,
     ) -> PyResult<BatchStream> {
-        let mut table = self.metadata(py, population)?.into_chunks();
+        let population = self.population_of(py, population)?;
+        let mut table = population.unchecked_table();
         if let Some(columns) = columns {
             table = table.project(&columns).py()?;
         }
-        Ok(BatchStream::of_table(table))
+        let schema = table.schema();
+        Ok(BatchStream::of_slices(
+            schema,
+            population.table_slices(table),
+        ))
     }
 
     /// The request with the active population and epoch length filled in.
@@ -367,5 +364,24 @@ impl DatasetService {
             bytes_sent: stats.bytes,
             skipped_log_entries: stats.skipped_log_entries,
         }
+    }
+}
+
+impl DatasetService {
+    /// The population `population` names (the active one if None), opened.
+    fn population_of(
+        &self,
+        py: Python<'_>,
+        population: Option<String>,
+    ) -> PyResult<Arc<crate::population::Population>> {
+        let population = population.as_deref().map(PopulationId::parse);
+        py.detach(|| {
+            let id = match population {
+                Some(id) => id?,
+                None => self.inner.active()?.population,
+            };
+            self.inner.population(&id)
+        })
+        .py()
     }
 }
