@@ -332,7 +332,11 @@ impl DatasetService {
             )?;
         }
         self.retain(lock.as_ref())?;
-        release_freed_memory();
+        // A put passes many batches of a few MiB through gRPC, pyarrow and the
+        // validation; glibc kept what they freed, and a server's anonymous
+        // memory stayed a few hundred MiB above its start after a 10^7-row
+        // put (`bench_scale.py`).
+        crate::os::files::release_freed_memory();
         Ok((id, rows, lock))
     }
 
@@ -551,19 +555,6 @@ impl DatasetService {
             }
         }
         Ok(())
-    }
-}
-
-/// Give the memory a put freed back to the system. A put passes many batches
-/// of a few MiB through gRPC, pyarrow and the validation, and glibc's
-/// allocator keeps what they freed in its arenas (its mmap threshold rises
-/// with the first large frees), so a server's anonymous memory stayed a few
-/// hundred MiB above its start after a 10^7-row put (`bench_scale.py`).
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free memory of the allocator to the system.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

@@ -33,7 +33,8 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::os::mapped::{self, MappedFile};
+use crate::os::mapped::MappedFile;
+use crate::os::pages::{advise, is_resident, Advice};
 
 /// Pages sampled to tell a cold file from a warm one.
 const PROBES: usize = 16;
@@ -80,14 +81,7 @@ impl Cold {
 
 /// Start reading the page that holds `item` (a reference into a mapped file)
 /// without waiting for it: `MADV_WILLNEED` queues the read and returns.
-#[inline]
-pub fn will_need<T>(item: &T) {
-    let page = mapped::page_size();
-    let start = item as *const T as usize & !(page - 1);
-    // SAFETY: the page holds `item`, so it lies in a mapping of ours; the
-    // advice does not change its contents.
-    unsafe { libc::madvise(start as *mut libc::c_void, page, libc::MADV_WILLNEED) };
-}
+pub use crate::os::pages::will_need;
 
 /// Advise the bytes `range` of `map` (read at random) for how much of them is
 /// in memory now (see the module's header), and mark `cold` while they are
@@ -106,7 +100,7 @@ pub fn open_random(
         crate::os::prefetch::huge_pages_hint(&map[range]);
         return Start::Warm;
     }
-    advise(map, range.clone(), libc::MADV_RANDOM);
+    advise(map, range.clone(), Advice::Random);
     cold.set(true);
     let job = Job {
         file: file.clone(),
@@ -205,42 +199,16 @@ fn warm_up(file: &File, serving: &Weak<MappedFile>, range: Range<usize>) {
         drop_pages(&reader, released..range.end);
     }
     if let Some(map) = serving.upgrade() {
-        advise(&map, range.clone(), libc::MADV_NORMAL);
+        advise(&map, range.clone(), Advice::Normal);
         crate::os::prefetch::huge_pages_hint(&map[range]);
     }
 }
 
 /// `advice` on the whole pages of `range`.
-fn advise(map: &MappedFile, range: Range<usize>, advice: libc::c_int) {
-    if let Some((start, len)) = whole_pages(map, range) {
-        // SAFETY: the range lies in the mapping; these advices do not change
-        // its contents.
-        unsafe { libc::madvise(start as *mut libc::c_void, len, advice) };
-    }
-}
-
 /// Out of this process's page tables (the page cache keeps the pages; a
 /// shared, read-only file mapping reads them again if touched).
 fn drop_pages(map: &MappedFile, range: Range<usize>) {
-    advise(map, range, libc::MADV_DONTNEED);
-}
-
-fn whole_pages(map: &MappedFile, range: Range<usize>) -> Option<(usize, usize)> {
-    let page = mapped::page_size();
-    let base = map.as_ptr() as usize;
-    let start = (base + range.start).next_multiple_of(page);
-    let end = (base + range.end.min(map.len())) / page * page;
-    (end > start).then(|| (start, end - start))
-}
-
-fn is_resident(map: &MappedFile, at: usize) -> bool {
-    let page = mapped::page_size();
-    let address = (map.as_ptr() as usize + at) & !(page - 1);
-    let mut vec = [0u8; 1];
-    // SAFETY: one page of our mapping; mincore writes one byte.
-    let answered =
-        unsafe { libc::mincore(address as *mut libc::c_void, page, vec.as_mut_ptr()) } == 0;
-    answered && vec[0] & 1 == 1
+    advise(map, range, Advice::DontNeed);
 }
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes.
@@ -257,9 +225,7 @@ mod tests {
     use std::io::Write;
 
     fn evict(file: &File) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a plain fadvise on our own descriptor.
-        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        crate::os::files::evict_from_page_cache(file);
     }
 
     #[test]

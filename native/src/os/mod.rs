@@ -1,5 +1,9 @@
 //! What the engine asks of the operating system beyond `std`, in one place:
 //! disk space reserved before a file is mapped for writing (`allocate`),
+//! calls on open files (`files`: early writeback, `O_DIRECT`, page-cache
+//! eviction, the allocator's free memory), advice about a mapping's pages
+//! (`pages`: `madvise`, `mincore`), positioned reads into spare capacity
+//! (`pread`),
 //! mappings that survive their file being cut (`mapped`: the `SIGBUS`
 //! handler, and the one guard through which readers learn of a cut), leases
 //! for lending mapped records (`lease`), CPU prefetch and huge-page hints
@@ -13,8 +17,11 @@
 //! `posix_fallocate`).
 
 mod alloc;
+pub mod files;
 pub mod lease;
 pub mod mapped;
+pub mod pages;
+pub mod pread;
 pub mod prefetch;
 pub mod uncached;
 

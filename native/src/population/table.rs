@@ -525,7 +525,6 @@ impl MappedTable {
 #[cfg(test)]
 #[cfg(target_os = "linux")]
 mod tests {
-    use std::os::fd::AsRawFd;
 
     use arrow_array::{Float64Array, Int64Array, UInt64Array};
 
@@ -535,15 +534,9 @@ mod tests {
     /// Pages of `path` in the page cache (`mincore` through a mapping of our own,
     /// which reads nothing).
     fn resident_pages(path: &Path) -> (usize, usize) {
-        let file = File::open(path).unwrap();
-        // SAFETY: a read-only mapping that is never read, only asked about.
-        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
-        let pages = map.len().div_ceil(4096);
-        let mut flags = vec![0u8; pages];
-        // SAFETY: `flags` has one byte per page of the mapping.
-        let done = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), flags.as_mut_ptr()) };
-        assert_eq!(done, 0, "mincore failed");
-        (flags.iter().filter(|f| **f & 1 == 1).count(), pages)
+        let map = MappedFile::map(&File::open(path).unwrap()).unwrap();
+        let resident = crate::os::pages::resident(map.as_ptr() as usize, map.len());
+        (resident, map.len().div_ceil(crate::os::mapped::page_size()))
     }
 
     #[test]
@@ -579,8 +572,7 @@ mod tests {
         let stored = writer.finish(&keys).unwrap();
         let path = stored.file.path().to_path_buf();
         let file = File::open(&path).unwrap();
-        // SAFETY: advice on an open descriptor; it only drops clean cached pages.
-        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        crate::os::files::evict_from_page_cache(&file);
         let (before, pages) = resident_pages(&path);
         if before > pages / 8 {
             eprintln!(

@@ -22,6 +22,7 @@ use std::io::{self, IoSlice, Seek, SeekFrom, Write};
 use memmap2::MmapMut;
 
 use super::writeback::Writeback;
+use crate::os::files::set_direct;
 
 /// The file is written once this many bytes are buffered.
 pub const WRITE_CHUNK: usize = 8 << 20;
@@ -152,7 +153,7 @@ impl DirectWriter {
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.fall_back()?,
+                    Err(e) if e.kind() == io::ErrorKind::InvalidInput => self.fall_back()?,
                     Err(e) => return Err(e),
                 },
             }
@@ -211,41 +212,6 @@ impl Write for DirectWriter {
     /// `finish`.
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
-    }
-}
-
-/// Turn `O_DIRECT` on or off for `file`'s open file description (every
-/// handle of it: `try_clone` shares it). Off Linux direct writes are refused.
-pub(super) fn set_direct(file: &File, on: bool) -> io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let fd = file.as_raw_fd();
-        // SAFETY: F_GETFL and F_SETFL on a descriptor this `File` owns; only
-        // its status flags change.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let flags = if on {
-            flags | libc::O_DIRECT
-        } else {
-            flags & !libc::O_DIRECT
-        };
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = file;
-        if on {
-            Err(io::Error::from(io::ErrorKind::Unsupported))
-        } else {
-            Ok(())
-        }
     }
 }
 

@@ -38,6 +38,7 @@ use arrow_buffer::Buffer;
 
 use crate::os::lease;
 use crate::os::mapped::{self, MappedFile};
+use crate::os::pages::Advice;
 
 /// How often the watcher looks at the leases it holds. A writer waits at most
 /// about this long (plus the copies of the lent ranges) for its `open`.
@@ -146,7 +147,7 @@ impl Lender {
                 lease::release(&self.file);
                 Lease::Never
             }
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 Lease::RetryAt(Instant::now() + RETRY_AFTER)
             }
             Err(_) => Lease::Never,
@@ -164,14 +165,8 @@ impl Lender {
             // Harmless for a page another loan still covers: its reader
             // faults it in again from the same file. Not after a break: the
             // range may be a private copy then, which this would zero.
-            // SAFETY: the range lies in a live mapping of ours.
-            unsafe {
-                libc::madvise(
-                    range.0 as *mut libc::c_void,
-                    range.1 - range.0,
-                    libc::MADV_DONTNEED,
-                );
-            }
+            // The range lies in a live mapping of ours.
+            crate::os::pages::advise_raw(range.0, range.1 - range.0, Advice::DontNeed);
             if state.lent.is_empty() {
                 // Held only while something is lent: a writer is never kept
                 // waiting by a shard that is merely open.

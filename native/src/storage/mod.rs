@@ -23,7 +23,6 @@ mod manifest;
 pub mod mirror;
 pub mod pages;
 mod pipeline;
-mod pread;
 mod profile;
 pub(crate) mod publish;
 pub mod ranges;

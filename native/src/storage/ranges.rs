@@ -43,7 +43,7 @@ pub fn read_ranges(
         return Ok(());
     }
     let file = File::open(path)?;
-    let direct = super::direct::set_direct(&file, true).is_ok();
+    let direct = crate::os::files::set_direct(&file, true).is_ok();
     std::thread::scope(|scope| {
         let mut lanes = Vec::with_capacity(THREADS);
         for lane in 0..THREADS {

@@ -47,20 +47,7 @@ impl Writeback {
         if self.written - self.started < STEP {
             return;
         }
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            // SAFETY: a valid open descriptor and an in-file range; the call
-            // only queues writeback (no data changes, errors surface at fsync).
-            unsafe {
-                libc::sync_file_range(
-                    self.file.as_raw_fd(),
-                    self.started as libc::off64_t,
-                    (self.written - self.started) as libc::off64_t,
-                    libc::SYNC_FILE_RANGE_WRITE,
-                );
-            }
-        }
+        crate::os::files::start_writeback(&self.file, self.started, self.written);
         self.started = self.written;
     }
 }

@@ -8,11 +8,11 @@
 use super::Cache;
 use crate::error::{Error, Result};
 use crate::hash::xxh3_64;
+use crate::os::pread::append_exact_at;
 use crate::os::prefetch::{prefetch_line, prefetch_line_to_l2};
 use crate::storage::codec::decode_into;
 use crate::storage::hex64;
 use crate::storage::index::IndexEntry;
-use crate::storage::pread::append_exact_at;
 use crate::storage::LARGE_RECORD;
 
 const CACHE_LINE: usize = 64;
