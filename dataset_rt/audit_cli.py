@@ -13,8 +13,8 @@ import json
 import pickle
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from dataset_rt._native import check_name
 from dataset_rt.audit import MANIFEST_COLUMNS, MAX_EPOCHS, RunDescription, write_manifest
 from dataset_rt.errors import InvalidArgumentError
 from dataset_rt.loader import LocalSource, StreamSource
+from dataset_rt.progress import progress_bar
 
 #: Exit status of a bad input (what the caller got wrong: a malformed state, a
 #: wrong name, a missing store), as argparse's own usage errors.
@@ -216,7 +217,7 @@ def run_audit(args: argparse.Namespace) -> int:
             manifest = Path(scratch) / "manifest.parquet"
         if args.read_manifest is None:
             columns = args.columns if args.manifest else []
-            with _progress("manifest", run.rows, enabled=show) as advance:
+            with progress_bar("manifest", run.rows, enabled=show) as advance:
                 rows = write_manifest(source, run, manifest, columns=columns, progress=advance)
             if args.manifest is not None:
                 print(f"manifest: {rows:,} rows -> {manifest}", file=sys.stderr)
@@ -226,7 +227,7 @@ def run_audit(args: argparse.Namespace) -> int:
         if args.steps:
             first, stop = args.steps
             where = (pl.col("step") >= first) & (pl.col("step") < stop)
-        with _progress("report", lambda: count_draws(manifest, where), enabled=show) as advance:
+        with progress_bar("report", lambda: count_draws(manifest, where), enabled=show) as advance:
             report = mixture_report(
                 source, run, args.group, manifest=manifest, where=where, progress=advance
             )
@@ -443,37 +444,6 @@ def _steps(text: str) -> tuple[int, int]:
             f"steps are FIRST:STOP with 0 <= FIRST < STOP, e.g. 0:100, got {text!r}"
         )
     return bounds
-
-
-@contextmanager
-def _progress(
-    label: str, total: Callable[[], int], *, enabled: bool
-) -> Iterator[Callable[[int], None]]:
-    """A progress bar of one step (``label``) on stderr, only on a terminal and
-    ``enabled``: yields the callback to advance it. ``total`` is asked only when
-    the bar shows."""
-    if not enabled or not sys.stderr.isatty():
-        yield lambda rows: None
-        return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    with Progress(
-        TextColumn(label),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    ) as bar:
-        task = bar.add_task(label, total=total())
-        yield lambda rows: bar.advance(task, rows)
 
 
 def _print_report(report: Any) -> None:

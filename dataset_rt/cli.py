@@ -21,6 +21,7 @@ from dataset_rt.errors import (
     SchemaMismatchError,
     SourceError,
 )
+from dataset_rt.progress import end_engine_bar_line
 from dataset_rt.records import CacheInput
 
 
@@ -31,19 +32,6 @@ def _human_bytes(n: int) -> str:
             return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
         size /= 1024
     return f"{n} B"  # pragma: no cover
-
-
-def _end_progress_line() -> None:
-    """End the line the engine's progress bar was left on, after a command that
-    drew one (on stderr, only at a terminal).
-
-    A finished bar (indicatif) stays on screen with the cursor after its last
-    character, so the command's "ok:" line would continue the bar's line. On a
-    terminal that wraps at the bar's padded width this newline only moves to
-    the next line, as the wrap would have."""
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
-        sys.stderr.flush()
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -82,7 +70,7 @@ def _upload(args: argparse.Namespace) -> int:
     """Publish a cache on object storage (credentials from the AWS_* environment)."""
     report = _native.upload_cache(str(args.cache), args.url, show_progress=sys.stderr.isatty())
     if report.uploaded:  # else no bar was drawn
-        _end_progress_line()
+        end_engine_bar_line()
     done = "uploaded" if report.uploaded else "already published, nothing sent"
     print(
         f"ok: {args.cache} -> {report.url}: {done} ({_human_bytes(report.bytes)}, "
@@ -143,7 +131,7 @@ def _import(args: argparse.Namespace) -> int:
     except (InvalidArgumentError, SourceError, SchemaMismatchError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    _end_progress_line()
+    end_engine_bar_line()
     info = _native.inspect_cache(str(path))
     done = "reused (it holds these records), " if reused else ""
     print(

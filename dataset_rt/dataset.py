@@ -117,7 +117,7 @@ class CachedDataset:
         """
         return pl.DataFrame(self._engine.metadata())
 
-    def scan_metadata(self) -> pl.LazyFrame:
+    def scan_metadata(self, *, show_progress: bool = True) -> pl.LazyFrame:
         """The active population as a Polars LazyFrame, read batch by batch.
 
         The frame is the population active now (a later update does not change
@@ -125,11 +125,19 @@ class CachedDataset:
         equals ``get_metadata()``. A query reads the engine's table in batches and
         applies its projection, filter and row limit to each one, so that
         ``dataset.scan_metadata().filter(...).select(...)`` never copies the rows
-        it drops (docs/large-datasets.md).
+        it drops (docs/large-datasets.md). While a query reads, a progress bar
+        of the rows read is drawn on stderr when it is a terminal
+        (``show_progress=False``: never).
         """
         table = self._engine.metadata()
         schema = pa.RecordBatchReader.from_stream(table).schema
-        return scan_batches(schema, table_batches(table), name="dataset_rt population")
+        rows = table.num_rows
+        return scan_batches(
+            schema,
+            table_batches(table),
+            name="dataset_rt population",
+            progress=("scan population", lambda: rows) if show_progress else None,
+        )
 
     def update_metadata(self, table: Any) -> None:
         """Validate ``table`` in Rust and make it the active population.

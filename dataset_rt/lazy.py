@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 import polars as pl
 import pyarrow as pa
 
+from dataset_rt.progress import progress_bar
+
 #: Rows per batch when neither Polars nor the caller asks for a size: a population
 #: row is tens of bytes, so a batch stays within a few MiB.
 BATCH_ROWS = 65_536
@@ -68,7 +70,13 @@ def table_batches(table: Any) -> ColumnsOpener:
     return open_batches
 
 
-def scan_batches(schema: pa.Schema, open_batches: ColumnsOpener, *, name: str) -> pl.LazyFrame:
+def scan_batches(
+    schema: pa.Schema,
+    open_batches: ColumnsOpener,
+    *,
+    name: str,
+    progress: tuple[str, Callable[[], int | None]] | None = None,
+) -> pl.LazyFrame:
     """A `LazyFrame` over the Arrow batches ``open_batches(columns)`` yields (of
     ``schema``, or of its ``columns`` when they are named).
 
@@ -77,6 +85,9 @@ def scan_batches(schema: pa.Schema, open_batches: ColumnsOpener, *, name: str) -
     read), and reads it batch by batch: the predicate is applied to each batch,
     then the projection, and the stream is closed as soon as ``n_rows`` rows
     were produced. ``name`` labels the scan in ``LazyFrame.explain()``.
+    ``progress`` is the label and the total rows (asked when the bar shows) of
+    a progress bar over the rows each query reads, drawn on a terminal only
+    (`dataset_rt.progress`); None: none.
     """
     from polars.io.plugins import register_io_source
 
@@ -88,21 +99,24 @@ def scan_batches(schema: pa.Schema, open_batches: ColumnsOpener, *, name: str) -
     ) -> Iterator[pl.DataFrame]:
         rows = batch_size or BATCH_ROWS
         left = n_rows
+        label, total = progress or ("", lambda: None)
         batches = open_batches(read_columns(schema, with_columns, predicate))
         try:
-            for batch in batches:
-                for start in range(0, batch.num_rows, rows):
-                    frame = pl.DataFrame(batch.slice(start, rows))
-                    if predicate is not None:
-                        frame = frame.filter(predicate)
-                    if with_columns is not None:
-                        frame = frame.select(with_columns)
-                    if left is not None:
-                        frame = frame.head(left)
-                        left -= frame.height
-                    yield frame
-                    if left is not None and left <= 0:
-                        return  # read no further batch
+            with progress_bar(label, total, enabled=progress is not None) as advance:
+                for batch in batches:
+                    for start in range(0, batch.num_rows, rows):
+                        frame = pl.DataFrame(batch.slice(start, rows))
+                        if predicate is not None:
+                            frame = frame.filter(predicate)
+                        if with_columns is not None:
+                            frame = frame.select(with_columns)
+                        if left is not None:
+                            frame = frame.head(left)
+                            left -= frame.height
+                        yield frame
+                        if left is not None and left <= 0:
+                            return  # read no further batch
+                    advance(batch.num_rows)
         finally:
             close = getattr(batches, "close", None)
             if close is not None:
@@ -123,10 +137,18 @@ class StreamedTable:
     Iterating `batches` runs the source (once); when the source fails, the
     failure is re-raised as it was and kept in ``error``, so that a consumer that
     met it inside a C stream (where it became an Arrow error) can raise the
-    original instead.
+    original instead. ``rows`` counts the rows without producing them (a
+    progress bar's total), when the source can: None when it cannot.
     """
 
-    def __init__(self, schema: pa.Schema, produce: BatchOpener, *, nullable: bool = False) -> None:
+    def __init__(
+        self,
+        schema: pa.Schema,
+        produce: BatchOpener,
+        *,
+        nullable: bool = False,
+        rows: Callable[[], int] | None = None,
+    ) -> None:
         if nullable:
             schema = pa.schema(
                 [field.with_nullable(True) for field in schema], metadata=schema.metadata
@@ -134,6 +156,12 @@ class StreamedTable:
         self.schema = schema
         self.error: BaseException | None = None
         self._produce = produce
+        self._rows = rows
+
+    def rows(self) -> int | None:
+        """The rows the source will produce, when it knows without producing
+        them (a Parquet path: its footers), else None (a LazyFrame)."""
+        return None if self._rows is None else self._rows()
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         try:
@@ -212,4 +240,4 @@ def _parquet(path: Path, batch_rows: int, nullable: bool) -> StreamedTable:
     def produce() -> Iterator[pa.RecordBatch]:
         yield from dataset.to_batches(batch_size=batch_rows)
 
-    return StreamedTable(dataset.schema, produce, nullable=nullable)
+    return StreamedTable(dataset.schema, produce, nullable=nullable, rows=dataset.count_rows)

@@ -25,6 +25,7 @@ import pyarrow.flight as flight
 from dataset_rt.config import ShuffleMode
 from dataset_rt.lazy import StreamedTable, scan_batches, streamed
 from dataset_rt.partition import Partition, as_partition
+from dataset_rt.progress import Bar, progress_bar, shows
 from dataset_rt.service import BASE_COLUMNS, StreamRequest, parse_ticket
 from flight_client.errors import server_error
 
@@ -148,16 +149,34 @@ class DatasetClient:
     def populations(self, dataset: str) -> dict[str, Any]:
         return dict(self._action("list_populations", {"dataset": dataset}))
 
-    def get_metadata(self, dataset: str, population: str | None = None) -> pl.DataFrame:
+    def get_metadata(
+        self, dataset: str, population: str | None = None, *, show_progress: bool = True
+    ) -> pl.DataFrame:
+        """A stored population (the active one by default) as a Polars DataFrame.
+        While it arrives, a progress bar of the rows read is drawn on stderr when
+        it is a terminal (``show_progress=False``: never)."""
         ticket: dict[str, Any] = {"dataset": dataset, "metadata": True}
         if population is not None:
             ticket["population"] = population
         reader = self._call("do_get", flight.Ticket(json.dumps(ticket).encode()))
         with _server_errors():
-            table = reader.read_all()
-        return pl.DataFrame(table)
+            if not shows(show_progress):
+                return pl.DataFrame(reader.read_all())
+            batches = []
 
-    def scan_metadata(self, dataset: str, population: str | None = None) -> pl.LazyFrame:
+            def total() -> int | None:
+                return self._population_rows(dataset, population)
+
+            with progress_bar(f"read {dataset}", total) as advance:
+                for chunk in reader:
+                    if chunk.data is not None:
+                        batches.append(chunk.data)
+                        advance(chunk.data.num_rows)
+            return pl.DataFrame(pa.Table.from_batches(batches, schema=reader.schema))
+
+    def scan_metadata(
+        self, dataset: str, population: str | None = None, *, show_progress: bool = True
+    ) -> pl.LazyFrame:
         """A stored population (the active one by default) as a Polars LazyFrame.
 
         The population is pinned now (the active one's id is asked for), so the
@@ -167,10 +186,13 @@ class DatasetClient:
         broken stream resumes on the next location, after the rows it delivered);
         ``scan_metadata(d).collect()`` equals ``get_metadata(d)``. A query is
         sent only the columns it reads (its projection and its filter's): the
-        ticket names them.
+        ticket names them. While a query reads, a progress bar of the rows read
+        is drawn on stderr when it is a terminal (``show_progress=False``: never).
         """
+        rows: int | None = None
         if population is None:
-            population = str(self.populations(dataset)["active"]["population"])
+            active = self.populations(dataset)["active"]
+            population, rows = str(active["population"]), int(active["rows"])
         body: dict[str, Any] = {"dataset": dataset, "metadata": True, "population": population}
         schema = self._metadata_schema(json.dumps(body).encode())
 
@@ -178,7 +200,23 @@ class DatasetClient:
             query = body if columns is None else {**body, "columns": columns}
             return self._metadata_batches(flight.Ticket(json.dumps(query).encode()))
 
-        return scan_batches(schema, open_batches, name=f"flight population {dataset}/{population}")
+        pinned = population
+
+        def total() -> int | None:
+            return rows if rows is not None else self._population_rows(dataset, pinned)
+
+        return scan_batches(
+            schema,
+            open_batches,
+            name=f"flight population {dataset}/{population}",
+            progress=(f"scan {dataset}", total) if show_progress else None,
+        )
+
+    def _population_rows(self, dataset: str, population: str | None) -> int | None:
+        """The rows of ``population`` (None: the active one) when the server says
+        them (it does for the active population only): a progress bar's total."""
+        active = self.populations(dataset)["active"]
+        return int(active["rows"]) if population in (None, active["population"]) else None
 
     def _metadata_schema(self, command: bytes) -> pa.Schema:
         """The schema of a metadata ticket's stream, asked with ``get_schema``:
@@ -256,7 +294,9 @@ class DatasetClient:
             f"every location failed after {attempts} attempts: " + "; ".join(failures[-5:])
         ) from last
 
-    def update_metadata(self, dataset: str, table: Any, *, activate: bool = True) -> str:
+    def update_metadata(
+        self, dataset: str, table: Any, *, activate: bool = True, show_progress: bool = True
+    ) -> str:
         """Validate and store ``table`` on the server; returns the population id.
 
         ``table`` is any Arrow stream exporter (a Polars DataFrame, a pyarrow
@@ -267,33 +307,48 @@ class DatasetClient:
         raised and the server stores nothing. A put is not retried once its
         table is being sent (it may be a stream that cannot be read twice): a
         refusal is raised as its library class, such as ``InvalidPopulationError``.
+        While the table is sent, and the server validates and stores it, a
+        progress bar of the rows sent is drawn on stderr when it is a terminal
+        (``show_progress=False``: never).
         """
         descriptor = flight.FlightDescriptor.for_command(
             json.dumps({"dataset": dataset, "activate": activate})
         )
+        label = f"put {dataset}"
         source = streamed(table, nullable=True)
         if source is not None:
-            return self._put_streamed(descriptor, source)
+            with progress_bar(label, source.rows, enabled=show_progress) as sent:
+                return self._put_streamed(descriptor, source, sent, label)
         arrow = pa.table(table)
         writer, reader = self._call("do_put", descriptor, arrow.schema)
         # Closing the writer (leaving the ``with``) raises the server's refusal;
         # ``reader.read()`` then answered nothing.
-        with _server_errors(), writer:
+        with (
+            progress_bar(label, lambda: arrow.num_rows, enabled=show_progress) as sent,
+            _server_errors(),
+            writer,
+        ):
             # In bounded messages, as a streamed put: a DataFrame is often one
             # chunk, and one message of the whole table would be held whole by
             # gRPC on both ends (a 10^7-row table: 320 MB).
             for batch in arrow.to_batches():
                 for piece in _bounded(batch, PUT_MESSAGE_BYTES):
                     writer.write_batch(piece)
+                    sent(piece.num_rows)
+            sent.describe(f"{label}: sent; the server stores it")
             writer.done_writing()
             answer = reader.read()
         return str(json.loads(answer.to_pybytes())["population"])
 
-    def put(self, dataset: str, table: Any, *, activate: bool = True) -> str:
+    def put(
+        self, dataset: str, table: Any, *, activate: bool = True, show_progress: bool = True
+    ) -> str:
         """Alias of `update_metadata` (the name of ``LocalSource.put``)."""
-        return self.update_metadata(dataset, table, activate=activate)
+        return self.update_metadata(dataset, table, activate=activate, show_progress=show_progress)
 
-    def _put_streamed(self, descriptor: flight.FlightDescriptor, source: StreamedTable) -> str:
+    def _put_streamed(
+        self, descriptor: flight.FlightDescriptor, source: StreamedTable, sent: Bar, label: str
+    ) -> str:
         writer, reader = self._call("do_put", descriptor, source.schema)
         batches = source.batches()
         with _server_errors():
@@ -301,6 +356,8 @@ class DatasetClient:
                 for batch in batches:
                     for piece in _bounded(batch, PUT_MESSAGE_BYTES):
                         writer.write_batch(piece)
+                        sent(piece.num_rows)
+                sent.describe(f"{label}: sent; the server stores it")
                 writer.done_writing()
                 answer = reader.read()
             except BaseException:

@@ -87,7 +87,8 @@ class FlightSource:
         return self.client.stream_ticket(request, locations[first:] + locations[:first])
 
     def population(self, dataset: str, population: str) -> pl.DataFrame:
-        return self.client.get_metadata(dataset, population)
+        # No bar of its own: its callers (a loader, the audit) draw theirs.
+        return self.client.get_metadata(dataset, population, show_progress=False)
 
     def claim_run(
         self, dataset: str, run: str, *, after: int, epoch: int, position: int, fresh: bool = False

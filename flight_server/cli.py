@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import dataset_rt as drt
+from dataset_rt.progress import status
 from flight_server.auth import TokenFile
 from flight_server.catalog import Catalog, DatasetSpec
 from flight_server.demo import DEMO_NAME, ensure_demo_cache
@@ -215,6 +216,15 @@ def _parser() -> argparse.ArgumentParser:
         "one line per request with its fields)",
     )
     signals.add_argument(
+        "-q",
+        "--quiet",
+        "--no-progress",
+        dest="quiet",
+        action="store_true",
+        help="no progress on stderr (without it, when stderr is a terminal: a line saying "
+        "what the start opens, and the demo cache's progress bar when it is written)",
+    )
+    signals.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -278,9 +288,11 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
     drt._native.set_mirror_budget(args.mirror_max_bytes)
     runtime = drt.DatasetRuntime(num_workers=args.num_workers)
     specs = [DatasetSpec.parse(text) for text in args.dataset]
-    if not specs:
-        specs = [DatasetSpec(DEMO_NAME, (ensure_demo_cache(runtime, args.data_dir),))]
     state_dir = args.state_dir or str(args.data_dir / "state")
+    status(f"starting: opening {_what_opens(specs, state_dir)}", enabled=not args.quiet)
+    if not specs:
+        demo = ensure_demo_cache(runtime, args.data_dir, show_progress=not args.quiet)
+        specs = [DatasetSpec(DEMO_NAME, (demo,))]
     catalog = Catalog(
         specs,
         state_dir,
@@ -306,6 +318,17 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
         telemetry_max_groups=args.telemetry_max_groups,
         limits=limits,
     )
+
+
+def _what_opens(specs: list[DatasetSpec], state_dir: str) -> str:
+    """The start's status line: the datasets, their caches and the store."""
+    if specs:
+        caches = sum(len(spec.caches) for spec in specs)
+        datasets = ", ".join(spec.name for spec in specs)
+        what = f"{datasets} ({caches} cache{'s' if caches > 1 else ''})"
+    else:
+        what = f"the demo dataset {DEMO_NAME} (its cache is written on a first start)"
+    return f"{what} and the population store {state_dir}"
 
 
 class StopSignals:

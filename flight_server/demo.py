@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dataset_rt as drt
 from dataset_rt import service as engine
+from dataset_rt.progress import end_engine_bar_line
 
 DEMO_NAME = "demo"
 DEMO_RECORDS = 2000
@@ -30,14 +31,20 @@ class DemoSource:
             )
 
 
-def ensure_demo_cache(runtime: drt.DatasetRuntime, data_dir: Path) -> Path:
-    """The demo cache under ``data_dir/caches``, written if it is missing."""
+def ensure_demo_cache(
+    runtime: drt.DatasetRuntime, data_dir: Path, *, show_progress: bool = True
+) -> Path:
+    """The demo cache under ``data_dir/caches``, written if it is missing (with
+    the writer's progress bar on a terminal unless ``show_progress`` is False)."""
     base = data_dir / "caches"
     path = base / DemoSource.name
     if path.exists():
         engine.check_cache(str(path), False)  # refuse a damaged cache loudly
         return path
-    [result] = runtime.write_cache(DemoSource(), base)
+    config = drt.WriterConfig(show_progress=show_progress)
+    [result] = runtime.write_cache(DemoSource(), base, writer_config=config)
+    if show_progress:
+        end_engine_bar_line()
     if isinstance(result, drt.CacheWriteError):
         raise RuntimeError(f"cannot build the demo cache: {result.message}")
     return result.path

@@ -6,6 +6,7 @@ import fcntl
 import os
 import pty
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -46,17 +47,25 @@ def _run(target: Path, *, terminal: bool) -> str:
     return _on_a_terminal([sys.executable, "-c", SCRIPT, str(target)])
 
 
-def _on_a_terminal(command: list[str], *, stdout_too: bool = False) -> str:
+def _on_a_terminal(
+    command: list[str], *, stdout_too: bool = False, stop_after: bytes | None = None
+) -> str:
     """What ``command`` wrote to a terminal (200 columns) on stderr, and on
-    stdout too with ``stdout_too`` (as a user at a terminal sees both)."""
+    stdout too with ``stdout_too`` (as a user at a terminal sees both). A
+    command that runs until stopped (a server) gets SIGTERM once ``stop_after``
+    was written."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 200, 0, 0))
+    # The terminal's own size, not one left in the environment (readline, once
+    # loaded in this process, exports COLUMNS and LINES, which rich prefers).
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     try:
         process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
             stdout=follower if stdout_too else subprocess.DEVNULL,
             stderr=follower,
+            env=env,
         )
         os.close(follower)
         chunks = []
@@ -68,6 +77,9 @@ def _on_a_terminal(command: list[str], *, stdout_too: bool = False) -> str:
             if not chunk:
                 break
             chunks.append(chunk)
+            if stop_after is not None and stop_after in b"".join(chunks):
+                process.send_signal(signal.SIGTERM)
+                stop_after = None
         assert process.wait(timeout=120) == 0
     finally:
         os.close(leader)
@@ -110,3 +122,113 @@ def test_the_ok_line_after_a_progress_bar_starts_a_line_of_its_own(tmp_path: Pat
     before, ok, _ = output.rpartition("ok: bar -> ")
     assert ok, output
     assert before.endswith("\n"), f"the ok line follows {before[-60:]!r}"
+
+
+# -- the server's start, puts and scans ---------------------------------------------
+
+
+def test_the_server_start_says_what_it_opens_on_a_terminal_only(tmp_path: Path) -> None:
+    """``python -m flight_server`` at a terminal: one status line (stderr) of what
+    the start opens, the demo cache's bar when it is written, then the "serving"
+    line (stdout) on a line of its own. With --quiet, or piped, neither."""
+    from flight.test_server_cli import ServerProcess
+
+    command = [sys.executable, "-m", "flight_server", "--port", "0"]
+    command += ["--data-dir", str(tmp_path / "data")]
+    output = _on_a_terminal(command, stdout_too=True, stop_after=b"serving ")
+    assert "starting: opening the demo dataset demo" in output
+    assert f"population store {tmp_path / 'data' / 'state'}" in output
+    assert "2000/2000 records" in output  # the demo cache, written on this first start
+    before, serving, _ = output.rpartition("serving demo at ")
+    assert serving, output
+    assert before.endswith("\n"), f"the serving line follows {before[-60:]!r}"
+
+    quiet = _on_a_terminal([*command, "-q"], stdout_too=True, stop_after=b"serving ")
+    assert "serving demo at " in quiet
+    assert "starting" not in quiet
+
+    with ServerProcess(command[3:]) as server:
+        server.location()
+        assert server.stop() == 0
+    assert server.stdout[0].startswith("serving demo at "), server.output()
+    assert not any("starting" in line for line in server.stderr), server.output()
+
+
+CLIENT = """
+import sys
+from pathlib import Path
+
+import polars as pl
+
+import dataset_rt as drt
+from flight_client import DatasetClient
+from flight_server import Catalog, DatasetFlightServer, DatasetSpec
+
+base = Path(sys.argv[1])
+hide = {"show_progress": False} if sys.argv[2] == "hide" else {}  # shown by default
+ROWS = 300_000  # 300 times each of 1,000 records: several 4 MiB messages and scan batches
+
+
+class Source:
+    name = "bars"
+    def __len__(self):
+        return 1000
+    def __iter__(self):
+        for i in range(1000):
+            yield drt.CacheInput(data=bytes(8), metadata={"label": i % 10})
+
+
+runtime = drt.DatasetRuntime(num_workers=2)
+quiet = drt.WriterConfig(show_progress=False)
+[cache] = runtime.write_cache(Source(), base / "caches", writer_config=quiet)
+catalog = Catalog([DatasetSpec("bars", (cache.path,))], base / "state", runtime)
+with DatasetFlightServer(catalog, "grpc://127.0.0.1:0") as server:
+    with DatasetClient(server.location) as client:
+        table = pl.concat([client.get_metadata("bars", **hide)] * 300)
+        client.put("bars", table, **hide)
+        assert client.get_metadata("bars", **hide).height == ROWS
+        wide = table.with_columns(pl.col("weight") * 2)
+        client.update_metadata("bars", wide.lazy(), **hide)
+        table.head(250_000).write_parquet(base / "part.parquet")
+        client.put("bars", base / "part.parquet", **hide)
+        client.put("bars", table, **hide)
+        frame = client.scan_metadata("bars", **hide)
+        assert frame.filter(pl.col("label") == 3).select(pl.len()).collect().item() == ROWS // 10
+
+config = drt.ReaderConfig(seed=0)
+result = runtime.from_cache_sources(Source(), base / "caches", reader_config=config)
+dataset = result.dataset
+dataset.update_metadata(table)
+scanned = dataset.scan_metadata(**hide).select(pl.len()).collect().item()
+assert scanned == ROWS, scanned
+"""
+
+
+def test_puts_and_scans_draw_their_bars_on_a_terminal(tmp_path: Path) -> None:
+    """`DatasetClient` puts (a DataFrame, a LazyFrame, a Parquet file), reads and scans, and the
+    library's own scan, each draw a bar of the rows on a terminal (stderr)."""
+    output = _on_a_terminal([sys.executable, "-c", CLIENT, str(tmp_path), "show"])
+    assert "━" in output  # rich's bar
+    assert "read bars" in output
+    assert "1000/1000" in output  # the first read: the population of the cache's rows
+    assert "put bars" in output
+    assert "put bars: sent; the server stores it" in output  # waiting for the answer
+    assert "300000/300000" in output  # the DataFrame put, the second read
+    assert "300000/?" in output  # the LazyFrame put: its rows are not known ahead
+    assert "250000/250000" in output  # the Parquet put: its rows counted from its footer
+    assert "scan bars" in output
+    assert "scan population" in output  # the library's scan
+
+
+def test_puts_and_scans_are_silent_off_a_terminal_or_without_progress(tmp_path: Path) -> None:
+    piped = subprocess.run(
+        [sys.executable, "-c", CLIENT, str(tmp_path / "piped"), "show"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert piped.stderr == ""
+    assert piped.stdout == ""
+    hidden = _on_a_terminal([sys.executable, "-c", CLIENT, str(tmp_path / "hidden"), "hide"])
+    assert hidden == ""
