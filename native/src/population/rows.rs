@@ -229,6 +229,11 @@ impl PopulationRows {
         // single-page faults while it is read ahead (`warmup`).
         let cold = crate::warmup::Cold::default();
         let start = crate::warmup::open_random(&Arc::new(file), &map, HEADER..map.len(), &cold);
+        if start != crate::warmup::Start::Warm && header.version >= FIRST_WITH_SUMS {
+            // Every first touch reads its page's sum: all of them at once.
+            let sums = header.sums_at() as usize..map.len();
+            crate::os::pages::advise(&map, sums, crate::os::pages::Advice::WillNeed);
+        }
         // Reads check a bit per page until every page was verified: a file this
         // process wrote (and that has not changed since) is trusted; another
         // one that fits in memory is verified front to back by a thread of its
