@@ -5,6 +5,7 @@ Run from the project root::
     uv run python benchmarks/bench_ingest.py             # 10^7 records of 8 bytes (~1 min)
     uv run python benchmarks/bench_ingest.py --records 1000000
     uv run python benchmarks/bench_ingest.py --json results.json
+    uv run python benchmarks/bench_ingest.py --memory 1000000 100000000
 
 The workload is the issue's: records of 8 bytes with one integer column, written
 as `CacheInput`s from a Python generator (the baseline) and as a pyarrow Table and
@@ -12,14 +13,33 @@ a Parquet file of the same rows (columnar), in the same run; then 1 MiB records,
 where both paths should be bound by the disk. Each write is checked to give the
 same ``cache_id``. Throughputs are records/s (and MB/s of payload); the ratio is
 columnar / iterable.
+
+``--memory ROWS...`` is the bounded-import mode instead (issue 47): for each row
+count, a Parquet file of that many 8-byte records (written in row groups, never
+held whole) is imported with `write_arrow` in a fresh subprocess, which reports
+its peak RSS (``VmHWM`` of /proc/self/status), its peak anonymous memory
+(``RssAnon``, sampled every 20 ms: ``VmHWM`` also counts mapped file pages) and
+records/s; then the ratio of each count's peaks to the first count's. The
+subprocess then opens the cache (`inspect_cache`, what ``python -m dataset_rt
+import`` does last) and reports ``VmHWM`` again. It needs about 100 bytes of disk
+a row (the Parquet file and the cache), and checks for them first. With
+``--baseline DIR`` (a directory holding another build's ``dataset_rt`` package,
+its extension built: a checkout of the previous commit), each file is imported by
+that build first, in the same run, and the two must give the same ``cache_id``::
+
+    uv run python benchmarks/bench_ingest.py --memory 1000000 100000000 --baseline ../old
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -118,6 +138,142 @@ def _workload(
     return rows
 
 
+# -- bounded import (--memory) -------------------------------------------------------
+
+#: Disk a row of the memory mode needs: the Parquet file (~20 B) and the cache
+#: (payload 8, index entry 40, metadata 16), with room to spare.
+_DISK_PER_ROW = 100
+_ROW_GROUP = 1 << 20
+
+
+def _status() -> dict[str, int]:
+    """The memory lines of /proc/self/status, in bytes."""
+    fields = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields
+
+
+def _write_parquet(path: Path, rows: int) -> None:
+    """``rows`` records of 8 random bytes and an int64 ``label``, one row group at a time."""
+    schema = pa.schema([("data", pa.binary()), ("label", pa.int64())])
+    with pq.ParquetWriter(path, schema, compression="none", use_dictionary=False) as writer:
+        for start in range(0, rows, _ROW_GROUP):
+            n = min(_ROW_GROUP, rows - start)
+            data = np.random.default_rng(start).integers(0, 256, n * 8, dtype=np.uint8)
+            offsets = np.arange(0, (n + 1) * 8, 8, dtype=np.int32)
+            payload = pa.Array.from_buffers(
+                pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data.tobytes())]
+            )
+            labels = pa.array(np.arange(start, start + n, dtype=np.int64))
+            writer.write_table(pa.table([payload, labels], schema=schema))
+
+
+def _memory_child(parquet: Path, base: Path, workers: int) -> None:
+    """Import ``parquet`` with `write_arrow` (this process is fresh); print what it cost."""
+    runtime = drt.DatasetRuntime(num_workers=workers)
+    before = _status()
+    peak_anon = [before["RssAnon"]]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            peak_anon[0] = max(peak_anon[0], _status()["RssAnon"])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    result = runtime.write_arrow(
+        parquet, base, name="ingest", payload_column="data", writer_config=CONFIG
+    )
+    seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    after = _status()
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    info = _native.inspect_cache(str(result.path))
+    opened = _status()
+    report = {
+        "records": info.record_count,
+        "seconds": seconds,
+        "records_per_s": info.record_count / seconds,
+        "start_rss": before["VmRSS"],
+        "peak_rss": after["VmHWM"],
+        "peak_anon": max(peak_anon[0], after["RssAnon"]),
+        "end_anon": after["RssAnon"],
+        "peak_rss_after_open": opened["VmHWM"],
+        "cache_id": str(info.cache_id),
+        "package": str(Path(drt.__file__).parent),
+    }
+    print(json.dumps(report))
+
+
+def _memory(
+    rows_list: list[int], scratch: Path, workers: int, baseline: Path | None
+) -> list[dict[str, Any]]:
+    builds: list[tuple[str, Path | None]] = [("this", None)]
+    if baseline is not None:
+        builds.insert(0, ("baseline", baseline))
+    results = []
+    for rows in rows_list:
+        free = shutil.disk_usage(scratch).free
+        if free < rows * _DISK_PER_ROW:
+            raise SystemExit(
+                f"{rows} rows need about {rows * _DISK_PER_ROW / 1e9:.1f} GB of disk under "
+                f"{scratch}; {free / 1e9:.1f} GB are free (give --scratch elsewhere)"
+            )
+        parquet = scratch / f"memory-{rows}.parquet"
+        base = scratch / f"memory-{rows}"
+        try:
+            _write_parquet(parquet, rows)
+            ids = set()
+            for build, path in builds:
+                env = dict(os.environ)
+                if path is not None:
+                    env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
+                command = [sys.executable, __file__, "--memory-child", str(parquet), str(base)]
+                child = subprocess.run(
+                    [*command, "--num-workers", str(workers)],
+                    check=True,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                )
+                shutil.rmtree(base, ignore_errors=True)
+                results.append(
+                    {"build": build, **json.loads(child.stdout.strip().splitlines()[-1])}
+                )
+                ids.add(results[-1]["cache_id"])
+            assert len(ids) == 1, f"the builds wrote different caches: {ids}"
+        finally:
+            parquet.unlink(missing_ok=True)
+            shutil.rmtree(base, ignore_errors=True)
+    for build, _ in builds:
+        rows = [row for row in results if row["build"] == build]
+        for row in rows:
+            row["peak_rss_ratio"] = row["peak_rss"] / rows[0]["peak_rss"]
+            row["peak_anon_ratio"] = row["peak_anon"] / rows[0]["peak_anon"]
+    return results
+
+
+def _print_memory(rows: list[dict[str, Any]]) -> None:
+    mb = 1 << 20
+    print(f"{'build':>8} {'records':>11} {'seconds':>8} {'records/s':>12} {'start':>7} "
+          f"{'peak RSS':>9} {'ratio':>6} {'peak anon':>10} {'ratio':>6} {'after open':>11}"
+          "  (MiB)")  # fmt: skip
+    for row in rows:
+        print(
+            f"{row['build']:>8} {row['records']:>11} {row['seconds']:>8.2f} "
+            f"{row['records_per_s']:>12,.0f} "
+            f"{row['start_rss'] / mb:>7.0f} {row['peak_rss'] / mb:>9.0f} "
+            f"{row['peak_rss_ratio']:>5.2f}x {row['peak_anon'] / mb:>10.0f} "
+            f"{row['peak_anon_ratio']:>5.2f}x {row['peak_rss_after_open'] / mb:>11.0f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=10_000_000, help="small records")
@@ -125,7 +281,34 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--scratch", type=Path, default=None, help="where caches are written")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--memory",
+        type=int,
+        nargs="+",
+        metavar="ROWS",
+        help="the bounded-import mode: peak memory of a Parquet import of each row count",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="with --memory: a directory holding another build's dataset_rt, run first",
+    )
+    parser.add_argument("--memory-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_child:
+        _memory_child(*args.memory_child, args.num_workers)
+        return
+    if args.memory:
+        scratch = Path(tempfile.mkdtemp(prefix="bench_ingest_", dir=args.scratch))
+        try:
+            rows = _memory(args.memory, scratch, args.num_workers, args.baseline)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        _print_memory(rows)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        return
     runtime = drt.DatasetRuntime(num_workers=args.num_workers)
     scratch = Path(tempfile.mkdtemp(prefix="bench_ingest_", dir=args.scratch))
     try:

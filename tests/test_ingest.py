@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -313,6 +314,89 @@ def test_from_arrow_opens_the_cache_and_reuses_it(
     )
     assert isinstance(failed, drt.CacheSourcesDatasetError)
     assert "must be binary" in failed.message
+
+
+#: ``metadata.arrow`` holds a record batch per 2^16 records (issue 47): past it, a
+#: cache has several; up to it, one, as every cache had before.
+METADATA_BATCH_ROWS = 1 << 16
+#: The ``cache_id`` of `_many_rows`'s table (3 * 2^16 + 1000 rows), as the writer of
+#: one metadata batch gave it (measured with that build): batches do not enter it.
+MANY_ROWS_CACHE_ID = 1016706060418032709
+
+
+def _many_rows(rows: int) -> pa.Table:
+    """``rows`` records of 4 bytes and four metadata columns, built without Python rows."""
+    ids = np.arange(rows, dtype=np.int64)
+    payloads = (ids * 2654435761 % (1 << 32)).astype("<u4").tobytes()
+    offsets = np.arange(0, (rows + 1) * 4, 4, dtype=np.int32)
+    data = pa.Array.from_buffers(
+        pa.binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(payloads)]
+    )
+    names = pa.DictionaryArray.from_arrays(
+        pa.array(ids % 97, pa.int32()), pa.array([f"n{i}" for i in range(97)])
+    )
+    return pa.table(
+        {
+            "data": data,
+            "label": ids * 3 - 7,
+            "score": ids / 8.0,
+            "flag": ids % 3 == 0,
+            "name": names,
+        }
+    )
+
+
+def test_an_import_past_one_metadata_batch_is_the_cache_of_before(
+    runtime: drt.DatasetRuntime, tmp_path: Path
+) -> None:
+    rows = 3 * METADATA_BATCH_ROWS + 1000
+    table = _many_rows(rows)
+    pq.write_table(table, tmp_path / "many.parquet", row_group_size=50_000)
+    config = drt.WriterConfig(show_progress=False)
+    path = _arrow_cache(runtime, tmp_path / "cache", tmp_path / "many.parquet", config)
+    info = _native.inspect_cache(str(path))
+    assert (info.cache_id, info.record_count) == (MANY_ROWS_CACHE_ID, rows)
+
+    # The file: an Arrow IPC file of four batches, together the table's metadata.
+    types = [("label", pa.int64()), ("score", pa.float64()), ("flag", pa.bool_())]
+    expected = table.drop_columns(["data"]).cast(pa.schema([*types, ("name", pa.string())]))
+    with pa.ipc.open_file(path / "metadata.arrow") as reader:
+        batches = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+        assert batches == [METADATA_BATCH_ROWS] * 3 + [1000]
+        stored = reader.read_all()
+    assert stored.column_names == ["sample_id", *expected.column_names]
+    assert np.array_equal(stored["sample_id"].to_numpy(), np.arange(rows, dtype=np.uint64))
+    # (Stored columns are never null, and their fields say so.)
+    assert stored.drop_columns(["sample_id"]).cast(expected.schema).equals(expected)
+
+    # The engine's readers: the population, one record, validation by sample id.
+    dataset = runtime.cached_dataset([path], reader_config=drt.ReaderConfig(seed=0, shuffle=False))
+    frame = dataset.get_metadata()
+    assert frame.columns == ["cache_id", "sample_id", "flag", "label", "name", "score", "weight"]
+    assert np.array_equal(frame["sample_id"].to_numpy(), np.arange(rows, dtype=np.uint64))
+    for column in expected.column_names:
+        assert (
+            frame[column]
+            .to_arrow()
+            .cast(expected.schema.field(column).type)
+            .equals(expected[column].combine_chunks())
+        ), column
+    for sample_id in (0, METADATA_BATCH_ROWS - 1, METADATA_BATCH_ROWS, rows - 1):
+        sample = dataset.get_item(info.cache_id, sample_id)
+        assert sample.metadata == {
+            "label": sample_id * 3 - 7,
+            "score": sample_id / 8.0,
+            "flag": sample_id % 3 == 0,
+            "name": f"n{sample_id % 97}",
+        }
+    dataset.update_metadata(frame.reverse())
+    wrong = 2 * METADATA_BATCH_ROWS + 5
+    changed = frame.with_columns(
+        pl.when(pl.col("sample_id") == wrong).then(0).otherwise(pl.col("label")).alias("label")
+    )
+    with pytest.raises(drt.InvalidPopulationError) as error:
+        dataset.update_metadata(changed)
+    assert (error.value.column, error.value.row, error.value.count) == ("label", wrong, 1)
 
 
 def _cli(*args: str | Path, terminal: bool = False) -> tuple[int, str, str]:

@@ -117,7 +117,8 @@ impl Population {
                     )),
                 ];
                 for (k, _) in stored {
-                    arrays.push(cache.metadata().column(k + 1).slice(start, n));
+                    // A view of the cache's file: windows never cross its batches.
+                    arrays.push(cache.metadata().column_slice(k + 1, start, n)?);
                 }
                 arrays.push(Arc::new(Float64Array::from(vec![1.0; n])));
                 Ok(RecordBatch::try_new(schema.clone(), arrays)?)

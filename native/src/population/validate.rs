@@ -5,14 +5,16 @@
 //! 0.4.8's words for the same failure ("samples metadata column 'weight'
 //! contains null", ...), which its users match on, and adds ours.
 
+use std::sync::Arc;
+
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type};
-use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray};
+use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::DataType;
 
 use super::column_types::{identity_column, reject_nulls, weight_column};
 use crate::error::{Error, Result};
-use crate::storage::{CacheSet, MetaType};
+use crate::storage::{Cache, CacheSet, MetaType, TypedColumn};
 
 /// What validation learned about each row.
 pub struct CheckedRows {
@@ -230,19 +232,12 @@ fn check_stored_column(
         column,
         "stored metadata columns must equal the cache's values",
     )?;
-    let stored: Vec<&ArrayRef> = caches
-        .caches()
-        .iter()
-        .map(|c| c.metadata().column(k + 1))
-        .collect();
+    let caches = caches.caches();
     let rows = cache_index.iter().zip(sample_ids);
     let mismatch = match dtype {
         MetaType::Int64 => {
             let got = column.as_primitive::<Int64Type>();
-            let want: Vec<_> = stored
-                .iter()
-                .map(|a| a.as_primitive::<Int64Type>())
-                .collect();
+            let want = stored::<Int64Array>(caches, k)?;
             first_mismatch(rows, |row, ci, sid| {
                 let (a, b) = (got.value(row), want[ci].value(sid));
                 (a != b).then(|| (a.to_string(), b.to_string()))
@@ -250,10 +245,7 @@ fn check_stored_column(
         }
         MetaType::Float64 => {
             let got = column.as_primitive::<Float64Type>();
-            let want: Vec<_> = stored
-                .iter()
-                .map(|a| a.as_primitive::<Float64Type>())
-                .collect();
+            let want = stored::<Float64Array>(caches, k)?;
             first_mismatch(rows, |row, ci, sid| {
                 let (a, b) = (got.value(row), want[ci].value(sid));
                 let same = a == b || a.to_bits() == b.to_bits();
@@ -262,7 +254,7 @@ fn check_stored_column(
         }
         MetaType::Bool => {
             let got: &BooleanArray = column.as_boolean();
-            let want: Vec<&BooleanArray> = stored.iter().map(|a| a.as_boolean()).collect();
+            let want = stored::<BooleanArray>(caches, k)?;
             first_mismatch(rows, |row, ci, sid| {
                 let (a, b) = (got.value(row), want[ci].value(sid));
                 (a != b).then(|| (a.to_string(), b.to_string()))
@@ -271,7 +263,7 @@ fn check_stored_column(
         MetaType::String => {
             let utf8 = arrow_cast::cast(column, &DataType::Utf8)?;
             let got: &StringArray = utf8.as_string::<i32>();
-            let want: Vec<&StringArray> = stored.iter().map(|a| a.as_string::<i32>()).collect();
+            let want = stored::<StringArray>(caches, k)?;
             first_mismatch(rows, |row, ci, sid| {
                 let (a, b) = (got.value(row), want[ci].value(sid));
                 (a != b).then(|| (format!("{a:?}"), format!("{b:?}")))
@@ -291,6 +283,14 @@ fn check_stored_column(
         ));
     }
     Ok(())
+}
+
+/// Stored column `k` of every cache, read by sample id.
+fn stored<A: Array + 'static>(caches: &[Arc<Cache>], k: usize) -> Result<Vec<TypedColumn<'_, A>>> {
+    caches
+        .iter()
+        .map(|c| c.metadata().typed::<A>(k + 1))
+        .collect()
 }
 
 /// Scan rows; `differs(row, cache, sample)` returns (table value, cache value)

@@ -323,8 +323,13 @@ impl Dataset {
             )));
         }
         let data = py.detach(|| cache.read(sample_id)).py()?;
-        let metadata = cache.metadata();
-        let columns: Vec<(Py<PyString>, ArrayRef)> = metadata
+        let (batch, row) = cache
+            .metadata()
+            .batch_of(sample_id as usize)
+            .ok_or_else(|| {
+                PyIndexError::new_err(format!("sample_id {sample_id} has no metadata"))
+            })?;
+        let columns: Vec<(Py<PyString>, ArrayRef)> = batch
             .schema()
             .fields()
             .iter()
@@ -333,11 +338,11 @@ impl Dataset {
             .map(|(i, f)| {
                 (
                     PyString::new(py, f.name()).unbind(),
-                    metadata.column(i).clone(),
+                    batch.column(i).clone(),
                 )
             })
             .collect();
-        let dict = metadata_dict(py, &columns, sample_id as usize)?;
+        let dict = metadata_dict(py, &columns, row)?;
         make_sample(
             py,
             PyBytes::new(py, &data).into_any(),

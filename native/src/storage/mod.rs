@@ -6,7 +6,8 @@
 //! ```text
 //! <base>/<name>/manifest.json    format version, identity, schema, file checksums
 //! <base>/<name>/index.bin        one 40-byte entry per record (see index.rs)
-//! <base>/<name>/metadata.arrow   Arrow IPC file: sample_id + stored metadata columns
+//! <base>/<name>/metadata.arrow   Arrow IPC file: sample_id + stored metadata columns,
+//!                                in record batches of up to 2^16 rows
 //! <base>/<name>/shard-00000.bin  concatenated (optionally compressed) payload records
 //! ```
 //! `docs/storage-format.md` is the normative description.
@@ -20,6 +21,7 @@ mod index;
 mod lend;
 mod live;
 mod manifest;
+mod metadata_out;
 pub mod mirror;
 pub mod pages;
 mod pipeline;
@@ -33,7 +35,7 @@ pub mod upload;
 mod writeback;
 mod writer;
 
-pub use cache::{file_stamp, Cache, CacheSet, Stamp, VerifyReport};
+pub use cache::{file_stamp, Cache, CacheMetadata, CacheSet, Stamp, TypedColumn, VerifyReport};
 pub use codec::{check_ratio, Codec, Compression, EncodedRecord, Encoding};
 pub use columnar::{ColumnarRows, ColumnarSchema};
 pub use direct::DirectWriter;
@@ -41,6 +43,7 @@ pub use gather::{StoredBytes, SHARED_MIN};
 pub use index::{IndexEntry, INDEX_ENTRY_BYTES};
 pub use live::LiveCaches;
 pub use manifest::{FileEntry, Manifest, FORMAT_VERSION};
+pub use metadata_out::METADATA_BATCH_ROWS;
 pub use pages::{page_sums, CheckedPages};
 pub use pipeline::WritePipeline;
 pub use profile::{timed, Stage, StageTotals, WriteProfile};

@@ -393,8 +393,7 @@ fn progress_bar(name: &str, total: Option<u64>) -> ProgressBar {
 mod tests {
     use std::num::NonZeroUsize;
 
-    use arrow_array::cast::AsArray;
-    use arrow_array::types::Int64Type;
+    use arrow_array::{Int64Array, StringArray};
 
     use super::*;
     use crate::storage::{Cache, Codec, MetaType};
@@ -498,8 +497,8 @@ mod tests {
                 assert_eq!(&cache.read(i as u64).unwrap(), payload, "record {i}");
             }
             let metadata = cache.metadata();
-            let labels = metadata.column(1).as_primitive::<Int64Type>();
-            let splits = metadata.column(2).as_string::<i32>();
+            let labels = metadata.typed::<Int64Array>(1).unwrap();
+            let splits = metadata.typed::<StringArray>(2).unwrap();
             for (i, (_, values)) in input.iter().enumerate() {
                 assert_eq!(values[0], MetaValue::Int(labels.value(i)));
                 assert_eq!(values[1], MetaValue::Str(splits.value(i).into()));
@@ -556,7 +555,7 @@ mod tests {
 
     #[test]
     fn rows_of_arrow_batches_write_the_same_cache_as_records() {
-        use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
+        use arrow_array::{ArrayRef, BinaryArray, RecordBatch};
 
         let input = records(300);
         for codec in [Codec::None, Codec::Zstd] {

@@ -219,13 +219,18 @@ enum TypedBuilder {
 
 impl ColumnBuilders {
     pub fn new(columns: &[ColumnSpec]) -> Self {
+        Self::with_capacity(columns, 0)
+    }
+
+    /// Builders with room for `rows` values each (strings: their offsets).
+    pub fn with_capacity(columns: &[ColumnSpec], rows: usize) -> Self {
         let builders = columns
             .iter()
             .map(|c| match c.dtype {
-                MetaType::Int64 => TypedBuilder::Int(Int64Builder::new()),
-                MetaType::Float64 => TypedBuilder::Float(Float64Builder::new()),
-                MetaType::Bool => TypedBuilder::Bool(BooleanBuilder::new()),
-                MetaType::String => TypedBuilder::Str(StringBuilder::new()),
+                MetaType::Int64 => TypedBuilder::Int(Int64Builder::with_capacity(rows)),
+                MetaType::Float64 => TypedBuilder::Float(Float64Builder::with_capacity(rows)),
+                MetaType::Bool => TypedBuilder::Bool(BooleanBuilder::with_capacity(rows)),
+                MetaType::String => TypedBuilder::Str(StringBuilder::with_capacity(rows, 0)),
             })
             .collect();
         ColumnBuilders { builders }

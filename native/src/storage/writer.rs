@@ -7,24 +7,21 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use crate::hash::{xxh3_64, Xxh3};
-use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
-use arrow_ipc::writer::FileWriter;
-use arrow_schema::{Field, Schema};
 
 use super::codec::{Compression, EncodedRecord, Encoding};
 use super::direct::DirectWriter;
 use super::gather::{ShardOut, StoredBytes};
 use super::index::IndexEntry;
 use super::manifest::{FileEntry, Manifest};
+use super::metadata_out::{MetadataOut, METADATA_BATCH_BYTES, METADATA_BATCH_ROWS};
 use super::profile::{timed, Stage, WriteProfile};
 use super::publish::EMPTY_SOURCE;
 use super::publish::{create_partial_dir, fsync_file, publish, validate_source_name};
-use super::schema::{ColumnBuilders, ColumnSpec, MetaValue};
+use super::schema::{ColumnSpec, MetaValue};
 use super::temp::LockedTemp;
-use super::{hex64, shard_file_name, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
+use super::{hex64, shard_file_name, INDEX_FILE, MANIFEST_FILE};
 
 use crate::error::{Error, IoContext, Result};
 
@@ -145,7 +142,8 @@ pub struct CacheWriter {
     partial: LockedTemp,
     options: WriterOptions,
     columns: Vec<ColumnSpec>,
-    builders: ColumnBuilders,
+    /// `metadata.arrow`, written a batch of records at a time.
+    metadata: MetadataOut,
     shard: Option<OpenShard>,
     /// Writes every shard in turn (around the page cache where it can).
     out: ShardOut,
@@ -168,10 +166,28 @@ impl CacheWriter {
         columns: Vec<ColumnSpec>,
         options: WriterOptions,
     ) -> Result<Self> {
+        Self::create_batched(base, name, columns, options, METADATA_BATCH_ROWS)
+    }
+
+    /// `create`, with a batch of `metadata.arrow` every `metadata_rows` records
+    /// (tests write several batches from a few records).
+    pub(crate) fn create_batched(
+        base: &Path,
+        name: &str,
+        columns: Vec<ColumnSpec>,
+        options: WriterOptions,
+        metadata_rows: usize,
+    ) -> Result<Self> {
         validate_source_name(name)?;
         let target = base.join(name);
         let partial = create_partial_dir(base, name)?;
         let index = IndexOut::create(partial.path())?;
+        let metadata = MetadataOut::with_batches(
+            partial.path(),
+            &columns,
+            metadata_rows,
+            METADATA_BATCH_BYTES,
+        )?;
         let mut identity = Xxh3::new();
         identity.update(b"dataset_rt.cache.v1\0");
         identity.update(name.as_bytes());
@@ -185,7 +201,7 @@ impl CacheWriter {
             target,
             partial,
             options,
-            builders: ColumnBuilders::new(&columns),
+            metadata,
             columns,
             shard: None,
             out: ShardOut::new(),
@@ -264,7 +280,7 @@ impl CacheWriter {
         })?;
         shard.bytes += stored_len;
         shard.records += 1;
-        self.builders.push(metadata)?;
+        self.metadata.push(metadata)?;
         self.identity.update(&record.raw_len.to_le_bytes());
         self.identity.update(&record.raw_hash.to_le_bytes());
         for value in metadata {
@@ -317,8 +333,7 @@ impl CacheWriter {
     fn write_manifest(&mut self) -> Result<Manifest> {
         self.close_shard()?;
         let index = self.index.finish()?;
-        let metadata_bytes = self.metadata_ipc()?;
-        let metadata = self.write_file(METADATA_FILE, &metadata_bytes)?;
+        let metadata = self.metadata.finish()?;
         let manifest = Manifest {
             source_name: self.name.clone(),
             cache_id: self.identity.digest(),
@@ -347,31 +362,6 @@ impl CacheWriter {
             records: None,
         })
     }
-
-    fn metadata_ipc(&mut self) -> Result<Vec<u8>> {
-        let builders = std::mem::replace(&mut self.builders, ColumnBuilders::new(&[]));
-        let mut fields = vec![Field::new(
-            "sample_id",
-            arrow_schema::DataType::UInt64,
-            false,
-        )];
-        fields.extend(
-            self.columns
-                .iter()
-                .map(|c| Field::new(&c.name, c.dtype.arrow(), false)),
-        );
-        let schema = Arc::new(Schema::new(fields));
-        let mut arrays: Vec<ArrayRef> =
-            vec![Arc::new(UInt64Array::from_iter_values(0..self.records))];
-        arrays.extend(builders.finish());
-        let batch = RecordBatch::try_new(schema.clone(), arrays)?;
-        let mut bytes = Vec::new();
-        let mut writer = FileWriter::try_new(&mut bytes, &schema)?;
-        writer.write(&batch)?;
-        writer.finish()?;
-        drop(writer);
-        Ok(bytes)
-    }
 }
 
 impl Drop for CacheWriter {
@@ -391,6 +381,8 @@ fn file_name(path: &Path) -> String {
 
 #[cfg(test)]
 mod tests {
+    use arrow_ipc::writer::FileWriter;
+
     use super::*;
 
     #[test]
@@ -460,5 +452,122 @@ mod tests {
         assert_eq!(entries(base.path()), ["c"]);
         let kept = fs::read(path.join(crate::storage::shard_file_name(0))).unwrap();
         assert_eq!(kept, shard, "the existing cache is unchanged");
+    }
+
+    fn labelled_columns() -> Vec<ColumnSpec> {
+        use super::super::schema::MetaType;
+        vec![
+            ColumnSpec {
+                name: "label".into(),
+                dtype: MetaType::Int64,
+            },
+            ColumnSpec {
+                name: "split".into(),
+                dtype: MetaType::String,
+            },
+        ]
+    }
+
+    /// Cache `name` of 10 records, a batch of `metadata.arrow` every `rows`.
+    fn write_labelled(base: &Path, name: &str, rows: usize) -> (PathBuf, Manifest) {
+        let options = WriterOptions::default();
+        let mut writer =
+            CacheWriter::create_batched(base, name, labelled_columns(), options, rows).unwrap();
+        for i in 0..10u64 {
+            let record = EncodedRecord::encode(vec![i as u8; i as usize], options.compression);
+            let values = [
+                MetaValue::Int(i as i64 * 7 - 20),
+                MetaValue::Str(format!("s{}", i % 3)),
+            ];
+            writer.append(&record.unwrap(), &values).unwrap();
+        }
+        writer.finish().unwrap()
+    }
+
+    /// The labels and splits of an open cache, by sample id.
+    fn labels_and_splits(cache: &crate::storage::Cache) -> Vec<(u64, i64, String)> {
+        use arrow_array::{Int64Array, StringArray, UInt64Array};
+        let metadata = cache.metadata();
+        let ids = metadata.typed::<UInt64Array>(0).unwrap();
+        let labels = metadata.typed::<Int64Array>(1).unwrap();
+        let splits = metadata.typed::<StringArray>(2).unwrap();
+        (0..metadata.num_rows())
+            .map(|row| {
+                (
+                    ids.value(row),
+                    labels.value(row),
+                    splits.value(row).to_string(),
+                )
+            })
+            .collect()
+    }
+
+    fn batch_rows(cache: &crate::storage::Cache) -> Vec<usize> {
+        let batches = cache.metadata().batches();
+        batches.iter().map(|b| b.num_rows()).collect()
+    }
+
+    #[test]
+    fn metadata_written_in_several_batches_reads_back_as_one_batch_did() {
+        use crate::storage::{Cache, METADATA_FILE};
+        let base = tempfile::tempdir().unwrap();
+        let (batched, ours) = write_labelled(&base.path().join("batched"), "c", 3);
+        let (single, theirs) =
+            write_labelled(&base.path().join("single"), "c", METADATA_BATCH_ROWS);
+        assert_eq!(
+            ours.cache_id, theirs.cache_id,
+            "the batches are not the identity"
+        );
+        assert_eq!(
+            (ours.index.xxh3.clone(), ours.shards.clone()),
+            (theirs.index.xxh3.clone(), theirs.shards.clone())
+        );
+        for (dir, manifest) in [(&batched, &ours), (&single, &theirs)] {
+            let bytes = fs::read(dir.join(METADATA_FILE)).unwrap();
+            assert_eq!(manifest.metadata.file, METADATA_FILE);
+            assert_eq!(manifest.metadata.bytes, bytes.len() as u64);
+            assert_eq!(manifest.metadata.xxh3, hex64(xxh3_64(&bytes)));
+        }
+        let (ours, theirs) = (
+            Cache::open(&batched, true).unwrap(),
+            Cache::open(&single, true).unwrap(),
+        );
+        assert_eq!(batch_rows(&ours), [3, 3, 3, 1]);
+        assert_eq!(batch_rows(&theirs), [10]);
+        let expected: Vec<(u64, i64, String)> = (0..10)
+            .map(|i| (i, i as i64 * 7 - 20, format!("s{}", i % 3)))
+            .collect();
+        assert_eq!(labels_and_splits(&ours), expected);
+        assert_eq!(labels_and_splits(&theirs), expected);
+        assert_eq!(ours.verify().unwrap().records, 10);
+    }
+
+    #[test]
+    fn a_cache_whose_metadata_is_one_batch_of_all_records_opens_unchanged() {
+        use crate::storage::{Cache, METADATA_FILE};
+        // What versions before the batches wrote for any number of records:
+        // the batches of a cache written now, as one batch, listed in its manifest.
+        let base = tempfile::tempdir().unwrap();
+        let (dir, mut manifest) = write_labelled(base.path(), "old", 4);
+        let cache = Cache::open(&dir, false).unwrap();
+        let expected = labels_and_splits(&cache);
+        let batches = cache.metadata().batches().to_vec();
+        let schema = cache.metadata().schema().clone();
+        drop(cache);
+        let one = arrow_select::concat::concat_batches(&schema, &batches).unwrap();
+        let mut bytes = Vec::new();
+        let mut writer = FileWriter::try_new(&mut bytes, &schema).unwrap();
+        writer.write(&one).unwrap();
+        writer.finish().unwrap();
+        drop(writer);
+        fs::write(dir.join(METADATA_FILE), &bytes).unwrap();
+        manifest.metadata.bytes = bytes.len() as u64;
+        manifest.metadata.xxh3 = hex64(xxh3_64(&bytes));
+        fs::write(dir.join(MANIFEST_FILE), manifest.to_bytes().unwrap()).unwrap();
+
+        let cache = Cache::open(&dir, true).unwrap();
+        assert_eq!(batch_rows(&cache), [10]);
+        assert_eq!(labels_and_splits(&cache), expected);
+        assert_eq!(cache.verify().unwrap().records, 10);
     }
 }

@@ -6,7 +6,7 @@
 //! |------|-----|
 //! | `open.rs` | opening a cache directory, each file checked against the manifest |
 //! | `shard.rs` | one open shard file: its mapping, its identity on disk |
-//! | `metadata.rs` | `metadata.arrow`, decoded in place and checked against the manifest |
+//! | `metadata.rs` | `metadata.arrow`, decoded in place and checked against the manifest; `CacheMetadata`, its rows by number over its batches |
 //! | `source.rs` | where shard files come from: in place, or fetched on first read (`ShardSource`) |
 //! | `remote.rs` | a cache on object storage, through a local mirror; shards fetched on first read |
 //! | `read.rs` | reading records: copied, prefetched, lent, or verified in place |
@@ -26,8 +26,6 @@ mod verify;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use arrow_array::RecordBatch;
-
 use super::index::{IndexEntry, StoredEntry};
 use super::manifest::Manifest;
 use super::schema::ColumnSpec;
@@ -35,6 +33,7 @@ use super::slab::Slab;
 use crate::os::mapped::MappedFile;
 use shard::Shard;
 
+pub use metadata::{CacheMetadata, TypedColumn};
 pub use set::CacheSet;
 pub use verify::VerifyReport;
 
@@ -46,7 +45,7 @@ pub struct Cache {
     manifest: Manifest,
     index: Slab<StoredEntry>,
     /// `sample_id` plus the stored metadata columns, one row per record.
-    metadata: RecordBatch,
+    metadata: CacheMetadata,
     /// The mapped `index.bin` and `metadata.arrow`, to tell a cut one.
     mapped_files: Vec<(&'static str, Arc<MappedFile>)>,
     /// Opened with the cache, or (on object storage) when first read.
@@ -84,8 +83,9 @@ impl Cache {
         &self.manifest.columns
     }
 
-    /// `sample_id` followed by the stored columns.
-    pub fn metadata(&self) -> &RecordBatch {
+    /// `sample_id` followed by the stored columns, as `metadata.arrow`'s
+    /// batches lie in its mapping.
+    pub fn metadata(&self) -> &CacheMetadata {
         &self.metadata
     }
 
@@ -150,6 +150,25 @@ pub(crate) mod fixture {
         writer.finish().unwrap().0
     }
 
+    /// Write cache `name` of `records` records of 10 bytes (labels as in
+    /// `write`) with a batch of `metadata.arrow` every `metadata_rows` records.
+    pub fn write_batched(base: &Path, name: &str, records: u64, metadata_rows: usize) -> PathBuf {
+        let columns = vec![ColumnSpec {
+            name: "label".into(),
+            dtype: MetaType::Int64,
+        }];
+        let options = WriterOptions::default();
+        let mut writer =
+            CacheWriter::create_batched(base, name, columns, options, metadata_rows).unwrap();
+        for i in 0..records {
+            let record = EncodedRecord::encode(payload(i, 10), options.compression);
+            writer
+                .append(&record.unwrap(), &[MetaValue::Int(i as i64)])
+                .unwrap();
+        }
+        writer.finish().unwrap().0
+    }
+
     /// Flip one byte of the file `dir/file` at `offset`, keeping its length.
     pub fn flip(dir: &Path, file: &str, offset: usize) {
         let path = dir.join(file);
@@ -183,10 +202,16 @@ mod tests {
         );
         let metadata = cache.metadata();
         assert_eq!(metadata.num_rows(), 3);
-        let ids = metadata.column(0).as_primitive::<UInt64Type>();
-        let labels = metadata.column(1).as_primitive::<Int64Type>();
-        assert_eq!(ids.values().to_vec(), vec![0, 1, 2]);
-        assert_eq!(labels.values().to_vec(), vec![0, 1, 2]);
+        let ids = metadata.column_slice(0, 0, 3).unwrap();
+        let labels = metadata.column_slice(1, 0, 3).unwrap();
+        assert_eq!(
+            ids.as_primitive::<UInt64Type>().values().to_vec(),
+            [0, 1, 2]
+        );
+        assert_eq!(
+            labels.as_primitive::<Int64Type>().values().to_vec(),
+            [0, 1, 2]
+        );
         let lens: Vec<u64> = (0..4).map(|i| cache.raw_len(i)).collect();
         assert_eq!(lens, vec![10, 0, 300, 0], "past the end: 0");
         assert_eq!(cache.entry(2).map(|e| e.raw_len), Some(300));
