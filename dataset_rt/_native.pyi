@@ -1,7 +1,7 @@
 """Type stub of the Rust extension ``dataset_rt._native`` (see native/src/python/)."""
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Self, final
 
@@ -314,24 +314,45 @@ class Partition:
     def to_dict(self) -> dict[str, int]: ...
 
 @final
-class RunState:
-    """Where a training run is: its stream, progress, population segments and
-    every resume (docs/training.md, "What the state holds")."""
+class RunOptions:
+    """A loader's run-start options, checked by the core (`crate::run::RunOptions`)."""
 
     def __new__(
         cls,
         *,
         dataset: str,
         seed: int,
-        shuffle: bool | Literal["permutation"],
-        columns: list[str],
-        epoch_len: int,
-        population: str,
         batch_size: int,
-        world_size: int,
-        workers: int,
-        epoch: int = 0,
+        epoch: int | None = None,
+        epoch_len: int | None = None,
+        population: str | None = None,
+        columns: Sequence[str] | None = None,
+        shuffle: bool | Literal["permutation"] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        workers: int | None = None,
     ) -> Self: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def request(self) -> StreamRequest: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def population(self) -> str | None: ...
+
+@final
+class RunState:
+    """Where a training run is: its stream, progress, population segments and
+    every resume (docs/training.md, "What the state holds")."""
+
+    @staticmethod
+    def start(options: RunOptions, pinned: StreamRequest) -> RunState: ...
     def __eq__(self, value: object, /) -> bool: ...
     @staticmethod
     def from_dict(state: Any) -> RunState: ...

@@ -21,9 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataset_rt.config import ShuffleMode
-from dataset_rt.errors import InternalError, InvalidArgumentError
-from dataset_rt.loader import RunSpan, RunState, StreamSource
-from dataset_rt.service import StreamRequest
+from dataset_rt.errors import InvalidArgumentError
+from dataset_rt.loader import RunOptions, RunSpan, RunState, StreamSource
 
 #: The manifest's own columns; chosen population columns follow.
 MANIFEST_COLUMNS = ("epoch", "rank", "step", "position", "cache_id", "sample_id")
@@ -118,32 +117,16 @@ class RunDescription:
         """A run from its keys, as a loader with these arguments would start it:
         the active population and epoch length of ``source`` unless named.
         (Workers do not matter: they never change what a rank reads.)"""
-        pinned = source.resolve(
-            StreamRequest(
-                dataset=dataset,
-                seed=seed,
-                epoch=0,
-                epoch_len=epoch_len,
-                population=population,
-                shuffle=shuffle,
-            )
-        )
-        if pinned.population is None or pinned.epoch_len is None:
-            raise InternalError(f"the source did not pin the request: {pinned!r}")
-        for name, value in (("world_size", world_size), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name!r} must be an integer >= 1, got {value!r}")
-        state = RunState(
+        run = RunOptions(
             dataset=dataset,
             seed=seed,
-            shuffle=shuffle,
-            columns=[],
-            epoch_len=pinned.epoch_len,
-            population=pinned.population,
             batch_size=batch_size,
             world_size=world_size,
-            workers=0,
+            epoch_len=epoch_len,
+            population=population,
+            shuffle=shuffle,
         )
+        state = RunState.start(run, source.resolve(run.request()))
         return cls.from_state(state.to_dict(), epochs=epochs)
 
     @property

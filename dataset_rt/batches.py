@@ -11,26 +11,75 @@ run resumed elsewhere. That one adds DataLoader workers, tensors and
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal, Required, TypedDict
 
 import pyarrow as pa
+from typing_extensions import Unpack
 
 from dataset_rt.config import ShuffleMode
-from dataset_rt.errors import InternalError, InvalidArgumentError
-from dataset_rt.loader import RunState, Segment, StreamSource, blocks
-from dataset_rt.service import StreamRequest
+from dataset_rt.errors import InvalidArgumentError
+from dataset_rt.loader import RunOptions, RunState, Segment, StreamSource, blocks
 from dataset_rt.signals import InputStats, show_input_logs
 from dataset_rt.signals import log as input_log
 
-__all__ = ["BatchFormat", "BatchLoader", "Tagged", "numpy_columns", "rank_blocks", "tagged"]
+__all__ = [
+    "BatchFormat",
+    "BatchLoader",
+    "LoaderOptions",
+    "StreamOptions",
+    "Tagged",
+    "numpy_columns",
+    "process_group_share",
+    "rank_blocks",
+    "tagged",
+]
 
 #: How a default batch is handed out: ``"numpy"`` (a dict of NumPy arrays for
 #: numbers and booleans, lists for the rest), ``"arrow"`` (a ``pyarrow.Table``),
 #: or, from `dataset_rt.torch.DatasetLoader`, ``"torch"`` (tensors).
 BatchFormat = Literal["numpy", "arrow", "torch"]
+
+
+class StreamOptions(TypedDict, total=False):
+    """The run-start options every loader takes, as keywords: the stream read
+    and this process's share of it. The core's `RunOptions` parses and checks
+    them (``native/src/run/options.rs``); docs/training.md describes each.
+    ``None`` means the default: the active epoch length and population, rank
+    0 of 1 (or ``torch.distributed``'s, where a loader says so)."""
+
+    seed: Required[int]
+    epoch: int
+    epoch_len: int | None
+    population: str | None
+    columns: Sequence[str]
+    shuffle: ShuffleMode
+    rank: int | None
+    world_size: int | None
+
+
+class LoaderOptions(StreamOptions, total=False):
+    """`StreamOptions` and the batch size: a batch loader's run-start options."""
+
+    batch_size: Required[int]
+
+
+def process_group_share(options: StreamOptions) -> None:
+    """Fill ``rank`` and ``world_size``, where ``options`` leave them out, with
+    ``torch.distributed``'s when it is initialised, else 0 and 1. Torch is not
+    imported for this: a process group exists only where it already was."""
+    dist = sys.modules.get("torch.distributed")
+    rank, world_size = 0, 1
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    if options.get("rank") is None:
+        options["rank"] = rank
+    if options.get("world_size") is None:
+        options["world_size"] = world_size
+
 
 #: A batch as the loader receives it: (first position, reader id, the reader's
 #: stream restarts so far, its failovers since its last batch in words, batch);
@@ -102,7 +151,10 @@ class BatchLoader:
     """Batches of one rank's share of each epoch, with exact checkpoint and resume.
 
     ``source`` is a `dataset_rt.loader.LocalSource` (in-process) or a
-    ``flight_client.FlightSource`` (a server). ``rank`` and ``world_size`` say
+    ``flight_client.FlightSource`` (a server). The run-start keywords are
+    `LoaderOptions`: ``seed`` and ``batch_size``, and optionally ``epoch``,
+    ``epoch_len``, ``population``, ``columns``, ``shuffle``, ``rank`` and
+    ``world_size``; the core checks them (`RunOptions`). ``rank`` and ``world_size`` say
     which share this process reads (``jax.process_index()`` and
     ``jax.process_count()`` under JAX). The population and epoch length default
     to the dataset's active ones when the loader is created; they are then
@@ -130,30 +182,10 @@ class BatchLoader:
         source: StreamSource,
         dataset: str,
         *,
-        batch_size: int,
-        seed: int,
-        epoch: int = 0,
-        epoch_len: int | None = None,
-        population: str | None = None,
-        columns: tuple[str, ...] | list[str] = (),
-        shuffle: ShuffleMode = True,
-        rank: int = 0,
-        world_size: int = 1,
         batch_format: str = "numpy",
         log_input_every: int | None = None,
+        **options: Unpack[LoaderOptions],
     ) -> None:
-        for name, value, low in (
-            ("batch_size", batch_size, 1),
-            ("epoch", epoch, 0),
-            ("seed", seed, 0),
-            ("world_size", world_size, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidArgumentError(f"{name!r} must be an integer >= {low}, got {value!r}")
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise InvalidArgumentError(
-                f"'rank' must be in [0, world_size={world_size}), got {rank!r}"
-            )
         if batch_format not in self.formats:
             raise InvalidArgumentError(
                 f"'batch_format' must be one of {', '.join(map(repr, self.formats))}, "
@@ -168,10 +200,11 @@ class BatchLoader:
                 f"'log_input_every' must be None or an integer >= 1 (batches), "
                 f"got {log_input_every!r}"
             )
+        run = RunOptions(dataset=dataset, workers=self.num_workers, **options)
         self.source = source
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
+        self.batch_size = run.batch_size
+        self.rank = run.rank
+        self.world_size = run.world_size
         self.batch_format = batch_format
         self.log_input_every = log_input_every
         if log_input_every:
@@ -181,34 +214,11 @@ class BatchLoader:
         self._fence_checked = -float("inf")
         #: The current epoch was read to its end and `set_epoch` was not called since.
         self._epoch_done = False
-        pinned = source.resolve(
-            StreamRequest(
-                dataset=dataset,
-                seed=seed,
-                epoch=epoch,
-                epoch_len=epoch_len,
-                population=population,
-                columns=list(columns),
-                shuffle=shuffle,
-            )
-        )
-        if pinned.population is None or pinned.epoch_len is None:
-            raise InternalError(f"the source did not pin the request: {pinned!r}")
+        pinned = source.resolve(run.request())
         #: The population this loader was built to read, when it named one (not
         #: the active one by default): a loaded state that reads another says so.
-        self._named_population = pinned.population if population is not None else None
-        self._state = RunState(
-            dataset=dataset,
-            seed=seed,
-            shuffle=shuffle,
-            columns=list(columns),
-            epoch_len=pinned.epoch_len,
-            population=pinned.population,
-            batch_size=batch_size,
-            world_size=self.world_size,
-            workers=self.num_workers,
-            epoch=epoch,
-        )
+        self._named_population = pinned.population if run.population is not None else None
+        self._state = RunState.start(run, pinned)
         self._state.check_share()
 
     # -- the state -------------------------------------------------------------------

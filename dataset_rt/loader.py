@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, Protocol
 import polars as pl
 import pyarrow as pa
 
-from dataset_rt._native import STATE_VERSION, RunSpan, RunState
+from dataset_rt._native import STATE_VERSION, RunOptions, RunSpan, RunState
 from dataset_rt.dataset import batch_reader
 from dataset_rt.errors import InvalidArgumentError
 from dataset_rt.lazy import hand_over
@@ -40,6 +40,7 @@ from dataset_rt.service import DatasetService, StreamRequest
 __all__ = [
     "STATE_VERSION",
     "LocalSource",
+    "RunOptions",
     "RunSpan",
     "RunState",
     "Segment",

@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from typing_extensions import Unpack
+
 try:
     import torch
     import torch.distributed as dist
@@ -49,8 +51,14 @@ except ImportError as error:  # pragma: no cover - exercised when torch is absen
 import numpy as np
 import pyarrow as pa
 
-from dataset_rt.batches import BatchLoader, Tagged, numpy_columns, tagged
-from dataset_rt.config import ShuffleMode
+from dataset_rt.batches import (
+    BatchLoader,
+    LoaderOptions,
+    Tagged,
+    numpy_columns,
+    process_group_share,
+    tagged,
+)
 from dataset_rt.errors import InternalError, InvalidArgumentError
 from dataset_rt.loader import RunState, StreamSource
 
@@ -95,15 +103,6 @@ class DatasetLoader(BatchLoader):
         source: StreamSource,
         dataset: str,
         *,
-        batch_size: int,
-        seed: int,
-        epoch: int = 0,
-        epoch_len: int | None = None,
-        population: str | None = None,
-        columns: tuple[str, ...] | list[str] = (),
-        shuffle: ShuffleMode = True,
-        rank: int | None = None,
-        world_size: int | None = None,
         num_workers: int = 0,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -113,6 +112,7 @@ class DatasetLoader(BatchLoader):
         multiprocessing_context: str | None = None,
         log_input_every: int | None = None,
         persistent_workers: bool = True,
+        **options: Unpack[LoaderOptions],
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise InvalidArgumentError(
@@ -138,21 +138,13 @@ class DatasetLoader(BatchLoader):
         #: and the file its workers read each iteration's plan from.
         self._kept: tuple[DataLoader[Any], Path] | None = None
         self.multiprocessing_context = multiprocessing_context or _default_start_method()
-        distributed = dist.is_available() and dist.is_initialized()
+        process_group_share(options)
         super().__init__(
             source,
             dataset,
-            batch_size=batch_size,
-            seed=seed,
-            epoch=epoch,
-            epoch_len=epoch_len,
-            population=population,
-            columns=columns,
-            shuffle=shuffle,
-            rank=rank if rank is not None else (dist.get_rank() if distributed else 0),
-            world_size=world_size or (dist.get_world_size() if distributed else 1),
             batch_format=batch_format,
             log_input_every=log_input_every,
+            **options,
         )
 
     # -- agreement across ranks -------------------------------------------------------

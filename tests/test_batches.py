@@ -102,8 +102,11 @@ def test_epochs_need_set_epoch_and_differ(source: LocalSource) -> None:
     [
         ({"batch_format": "torch"}, "'batch_format' must be one of 'numpy', 'arrow'"),
         ({"rank": 2, "world_size": 2}, r"'rank' must be in \[0, world_size=2\)"),
-        ({"world_size": 0}, "'world_size' must be an integer >= 1"),
-        ({"batch_size": 0}, "'batch_size' must be an integer >= 1"),
+        ({"world_size": 0}, "'world_size' in the loader options: .* expected an integer >= 1"),
+        ({"batch_size": 0}, "'batch_size' in the loader options: .* expected an integer >= 1"),
+        ({"seed": -1}, "'seed' in the loader options: .* expected an integer >= 0"),
+        ({"shuffle": "sometimes"}, "'shuffle' in the loader options"),
+        ({"bacth_size": 8}, "unknown field 'bacth_size', expected one of .*'batch_size'"),
     ],
 )
 def test_bad_options_are_refused_naming_them(

@@ -38,9 +38,9 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
+from typing_extensions import Unpack
 
-from dataset_rt.batches import BatchLoader
-from dataset_rt.config import ShuffleMode
+from dataset_rt.batches import BatchLoader, StreamOptions, process_group_share
 from dataset_rt.errors import InvalidArgumentError
 from dataset_rt.loader import RunState, StreamSource, blocks
 from dataset_rt.signals import log as input_log
@@ -448,8 +448,9 @@ class HFIterableDataset(datasets.IterableDataset):  # type: ignore[misc, unused-
     (see the module's docs).
 
     ``source`` is a `dataset_rt.loader.LocalSource` or a
-    ``flight_client.FlightSource``; ``seed``, ``columns``, ``shuffle``,
-    ``population`` and ``epoch_len`` are those of every loader. ``block`` is
+    ``flight_client.FlightSource``; the other keywords are every loader's
+    `dataset_rt.batches.StreamOptions` (``seed``, ``epoch``, ``epoch_len``,
+    ``population``, ``columns``, ``shuffle``, ``rank``, ``world_size``). ``block`` is
     how many examples are read at a time; across ranks it is also the
     partition's block (a state taken inside one resumes at the same world size
     and block only). ``epoch`` is the first epoch read (``set_epoch`` moves it).
@@ -460,41 +461,24 @@ class HFIterableDataset(datasets.IterableDataset):  # type: ignore[misc, unused-
         source: StreamSource,
         dataset: str,
         *,
-        seed: int,
         block: int = 256,
-        epoch: int = 0,
-        epoch_len: int | None = None,
-        population: str | None = None,
-        columns: tuple[str, ...] | list[str] = (),
-        shuffle: ShuffleMode = True,
-        rank: int | None = None,
-        world_size: int | None = None,
+        **options: Unpack[StreamOptions],
     ) -> None:
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise InvalidArgumentError(f"'block' must be an integer >= 1, got {block!r}")
-        if rank is None or world_size is None:
-            group = _process_group()
-            rank = group[0] if rank is None else rank
-            world_size = group[1] if world_size is None else world_size
+        process_group_share(options)
         loader = BatchLoader(
             source,
             dataset,
             # One process takes each example as a step: it drops no tail.
-            batch_size=1 if world_size == 1 else block,
-            seed=seed,
-            epoch=epoch,
-            epoch_len=epoch_len,
-            population=population,
-            columns=columns,
-            shuffle=shuffle,
-            rank=rank,
-            world_size=world_size,
+            batch_size=1 if options["world_size"] == 1 else block,
             batch_format="arrow",
+            **options,
         )
         features = datasets.Features.from_arrow_schema(_schema(loader))
         examples = DatasetRTExamples(loader, block=block, features=features)
         super().__init__(examples, info=datasets.DatasetInfo(features=features))
-        self.set_epoch(epoch)
+        self.set_epoch(loader.epoch)
 
     # -- what differs from (or adds to) Hugging Face's -----------------------------
 
@@ -634,17 +618,6 @@ def _places(value: Any) -> Iterator[dict[str, Any]]:
     elif isinstance(value, list):
         for item in value:
             yield from _places(item)
-
-
-def _process_group() -> tuple[int, int]:
-    """(rank, world size) of ``torch.distributed`` when it is initialised, else (0, 1)."""
-    if (
-        torch is not None
-        and torch.distributed.is_available()
-        and torch.distributed.is_initialized()
-    ):
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 def _short(value: Any) -> str:

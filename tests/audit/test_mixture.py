@@ -12,7 +12,7 @@ import pytest
 
 import dataset_rt as drt
 from dataset_rt.audit import RunDescription, write_manifest
-from dataset_rt.loader import LocalSource, RunState
+from dataset_rt.loader import LocalSource, RunOptions, RunState
 from dataset_rt.mixture import REPORT_COLUMNS, fingerprint, mixture_report, read_report
 from dataset_rt.mixture_plot import figure_size
 
@@ -93,17 +93,15 @@ def test_a_range_of_the_manifest_and_a_switch(source: LocalSource, tmp_path: Pat
     expected shares mix both populations by their draws."""
     everything = source.put(source.metadata(), activate=False)
     twos = source.put(source.metadata().filter(pl.col("label") == 2), activate=False)
-    state = RunState(
+    options = RunOptions(
         dataset=DATASET,
         seed=SEED,
-        shuffle=True,
-        columns=[],
         epoch_len=1000,
         population=everything,
         batch_size=20,
         world_size=2,
-        workers=0,
     )
+    state = RunState.start(options, source.resolve(options.request()))
     state.switch(600, twos)
     run = RunDescription.from_state(state.to_dict())
     path = tmp_path / "m.parquet"

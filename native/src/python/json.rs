@@ -5,6 +5,26 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
 
+/// `object` with keyword arguments `keys` set, as a contract's JSON keys (a
+/// `None` value removes its key: its default applies).
+pub(super) fn with_keywords(
+    mut object: Map<String, Value>,
+    keys: Option<&Bound<'_, PyDict>>,
+) -> Result<Map<String, Value>, String> {
+    for (key, value) in keys.into_iter().flat_map(|keys| keys.iter()) {
+        let key: String = key
+            .extract()
+            .map_err(|_| "has a key that is not a string".to_string())?;
+        if value.is_none() {
+            object.remove(&key);
+        } else {
+            let value = to_json(&value).map_err(|detail| format!("'{key}' {detail}"))?;
+            object.insert(key, value);
+        }
+    }
+    Ok(object)
+}
+
 /// A Python value as JSON (the types the protocol's keys take).
 pub(super) fn to_json(value: &Bound<'_, PyAny>) -> Result<Value, String> {
     if let Ok(b) = value.cast::<PyBool>() {

@@ -14,6 +14,7 @@ mod json;
 mod partition;
 mod request;
 mod run_action;
+mod run_options;
 mod run_state;
 mod service;
 mod writer;
@@ -68,6 +69,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<request::StreamRequest>()?;
     m.add_class::<request::MetadataRequest>()?;
     m.add_class::<partition::Partition>()?;
+    m.add_class::<run_options::RunOptions>()?;
     m.add_class::<run_state::RunState>()?;
     m.add_class::<run_state::RunSpan>()?;
     m.add("STATE_VERSION", crate::run::STATE_VERSION)?;

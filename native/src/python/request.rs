@@ -6,7 +6,7 @@ use pyo3::types::PyDict;
 use serde_json::{Map, Value};
 
 use super::errors::IntoPyResult;
-use super::json::{to_json, to_python};
+use super::json::{to_python, with_keywords};
 use crate::error::Error;
 use crate::request::{self, Ticket};
 
@@ -169,22 +169,10 @@ impl StreamRequest {
 /// `object` with `keys` set (a `None` value removes its key: its default
 /// applies), checked by the engine's rules; with a rank it is a ticket.
 fn with_keys(
-    mut object: Map<String, Value>,
+    object: Map<String, Value>,
     keys: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<StreamRequest> {
-    if let Some(keys) = keys {
-        for (key, value) in keys.iter() {
-            let key: String = key.extract()?;
-            if value.is_none() {
-                object.remove(&key);
-            } else {
-                let value = to_json(&value)
-                    .map_err(|detail| Error::invalid(format!("'{key}' {detail}")))
-                    .py()?;
-                object.insert(key, value);
-            }
-        }
-    }
+    let object = with_keywords(object, keys).map_err(Error::invalid).py()?;
     let what = if object.contains_key("rank") {
         "ticket"
     } else {

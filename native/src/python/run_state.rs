@@ -7,13 +7,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde_json::Value;
 
-use super::args::shuffle_mode;
 use super::errors::IntoPyResult;
 use super::json::{to_json, to_python};
 use super::request::StreamRequest;
+use super::run_options::RunOptions;
 use crate::error::Error;
 use crate::request::PopulationId;
-use crate::run::{self, RunStart};
+use crate::run;
 
 /// Where a training run is: its stream, its progress, the population of every
 /// position and every resume (docs/training.md, "What the state holds").
@@ -42,36 +42,12 @@ fn population_id(value: &str) -> PyResult<PopulationId> {
 
 #[pymethods]
 impl RunState {
-    /// A new run at the start of `epoch`, drawing from `population`.
-    #[new]
-    #[pyo3(signature = (*, dataset, seed, shuffle, columns, epoch_len, population, batch_size, world_size, workers, epoch=0))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        dataset: String,
-        seed: u64,
-        shuffle: &Bound<'_, PyAny>,
-        columns: Vec<String>,
-        epoch_len: u64,
-        population: &str,
-        batch_size: u64,
-        world_size: u64,
-        workers: u64,
-        epoch: u64,
-    ) -> PyResult<Self> {
-        let start = RunStart {
-            dataset,
-            seed,
-            shuffle: shuffle_mode("shuffle", shuffle)?,
-            columns,
-            epoch_len: positive("epoch_len", epoch_len)?,
-            population: population_id(population)?,
-            epoch,
-            world_size: positive("world_size", world_size)?,
-            batch_size: positive("batch_size", batch_size)?,
-            workers,
-        };
+    /// A new run with `options`, over the population and epoch length the
+    /// source pinned (`pinned`: `options.request()` resolved).
+    #[staticmethod]
+    fn start(options: &RunOptions, pinned: &StreamRequest) -> PyResult<Self> {
         Ok(RunState {
-            inner: run::RunState::new(start).py()?,
+            inner: run::RunState::start(&options.inner, &pinned.inner).py()?,
         })
     }
 

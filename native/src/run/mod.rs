@@ -19,6 +19,7 @@
 pub mod action;
 pub mod fence;
 mod history;
+mod options;
 mod plan;
 
 use std::num::NonZeroU64;
@@ -27,11 +28,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use history::{Span, Taken};
+pub use options::RunOptions;
 pub use plan::Part;
 
 use crate::error::{Error, Result};
 use crate::ids::PopulationId;
 pub use crate::ids::RunId;
+use crate::request::StreamRequest;
 use crate::sampling::{ShuffleMode, MAX_WORLD_SIZE};
 use crate::storage::publish::validate_name;
 use crate::wire::deserialize;
@@ -146,42 +149,34 @@ impl Saved {
     }
 }
 
-/// What a new run is given.
-#[derive(Debug, Clone)]
-pub struct RunStart {
-    pub dataset: String,
-    pub seed: u64,
-    pub shuffle: ShuffleMode,
-    pub columns: Vec<String>,
-    pub epoch_len: NonZeroU64,
-    pub population: PopulationId,
-    pub epoch: u64,
-    pub world_size: NonZeroU64,
-    pub batch_size: NonZeroU64,
-    pub workers: u64,
-}
-
 impl RunState {
-    /// A run that has consumed nothing yet, at the start of `start.epoch`.
-    pub fn new(start: RunStart) -> Result<Self> {
+    /// A run that has consumed nothing yet, at the start of `options.epoch`,
+    /// reading the population and epoch length the source pinned in `pinned`
+    /// (`options.request()` as the source resolved it).
+    pub fn start(options: &RunOptions, pinned: &StreamRequest) -> Result<Self> {
+        let (Some(population), Some(epoch_len)) = (&pinned.population, pinned.epoch_len) else {
+            return Err(Error::internal(format!(
+                "the source did not pin the request (no population or epoch length): {pinned:?}"
+            )));
+        };
         let state = RunState {
-            dataset: start.dataset,
-            seed: start.seed,
-            shuffle: start.shuffle,
-            columns: start.columns,
-            epoch_len: start.epoch_len,
-            epoch: start.epoch,
+            dataset: options.dataset.clone(),
+            seed: options.seed,
+            shuffle: options.shuffle,
+            columns: options.columns.clone(),
+            epoch_len,
+            epoch: options.epoch,
             position: 0,
             steps: 0,
-            segments: vec![Segment(0, start.population)],
+            segments: vec![Segment(0, population.clone())],
             run: RunId::new(),
             resumes: vec![Resume {
-                start: (start.epoch, 0),
+                start: (options.epoch, 0),
                 until: None,
                 steps: 0,
-                world_size: start.world_size,
-                batch_size: start.batch_size,
-                workers: start.workers,
+                world_size: options.world_size,
+                batch_size: options.batch_size,
+                workers: options.workers,
                 generation: 0,
             }],
         };

@@ -14,19 +14,23 @@ fn nz(n: u64) -> NonZeroU64 {
 }
 
 fn start(epoch_len: u64, world_size: u64, batch_size: u64, workers: u64) -> RunState {
-    RunState::new(RunStart {
+    let options = RunOptions {
         dataset: "toy".into(),
         seed: 7,
-        shuffle: ShuffleMode::Weighted,
-        columns: vec!["label".into()],
-        epoch_len: nz(epoch_len),
-        population: population(0),
         epoch: 0,
-        world_size: nz(world_size),
+        epoch_len: None,
+        population: None,
+        columns: vec!["label".into()],
+        shuffle: ShuffleMode::Weighted,
         batch_size: nz(batch_size),
+        rank: 0,
+        world_size: nz(world_size),
         workers,
-    })
-    .expect("a valid run")
+    };
+    let mut pinned = options.request();
+    pinned.population = Some(population(0));
+    pinned.epoch_len = Some(nz(epoch_len));
+    RunState::start(&options, &pinned).expect("a valid run")
 }
 
 /// One batch as a DataLoader hands it to a rank: its positions and population.
@@ -342,4 +346,29 @@ fn fencing_gives_one_generation_per_checkpoint_and_fences_older_ones() {
     assert!(store.runs().check(&run, 2).is_err());
     // Another run is its own.
     store.runs().check(&RunId::new(), 0).expect("another run");
+}
+
+#[test]
+fn a_run_starts_only_from_a_pinned_request() {
+    let options = RunOptions::from_value(serde_json::json!({
+        "dataset": "toy", "seed": 7, "batch_size": 4, "world_size": 2, "rank": 1, "workers": 3
+    }))
+    .expect("valid options");
+    let unpinned = options.request();
+    let error = RunState::start(&options, &unpinned).expect_err("not pinned");
+    assert!(error.to_string().contains("did not pin"), "{error}");
+    let mut pinned = unpinned;
+    pinned.population = Some(population(1));
+    pinned.epoch_len = Some(nz(100));
+    let state = RunState::start(&options, &pinned).expect("a run");
+    let span = state.current().expect("a span");
+    assert_eq!(
+        (span.world_size.get(), span.batch_size.get(), span.workers),
+        (2, 4, 3)
+    );
+    assert_eq!(state.segments, vec![Segment(0, population(1))]);
+    assert_eq!(
+        (state.epoch, state.position, state.epoch_len.get()),
+        (0, 0, 100)
+    );
 }
