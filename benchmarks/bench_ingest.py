@@ -16,13 +16,13 @@ columnar / iterable.
 
 ``--memory ROWS...`` is the bounded-import mode instead (issue 47): for each row
 count, a Parquet file of that many 8-byte records (written in row groups, never
-held whole) is imported with `write_arrow` in a fresh subprocess, which reports
-its peak RSS (``VmHWM`` of /proc/self/status), its peak anonymous memory
-(``RssAnon``, sampled every 20 ms: ``VmHWM`` also counts mapped file pages) and
-records/s; then the ratio of each count's peaks to the first count's. The
-subprocess then opens the cache (`inspect_cache`, what ``python -m dataset_rt
-import`` does last) and reports ``VmHWM`` again. It needs about 100 bytes of disk
-a row (the Parquet file and the cache), and checks for them first. With
+held whole) is imported by ``python -m dataset_rt import`` (`dataset_rt.cli.main`,
+its summary line included) in a fresh subprocess, which reports its peak RSS
+(``VmHWM`` of /proc/self/status), its peak anonymous memory (``RssAnon``, sampled
+every 20 ms: ``VmHWM`` also counts mapped file pages), its mapped file pages at the
+end (``RssFile``) and records/s; then the ratio of each count's peaks to the first
+count's. It needs about 100 bytes of disk a row (the Parquet file and the cache),
+and checks for them first. With
 ``--baseline DIR`` (a directory holding another build's ``dataset_rt`` package,
 its extension built: a checkout of the previous commit), each file is imported by
 that build first, in the same run, and the two must give the same ``cache_id``::
@@ -173,8 +173,10 @@ def _write_parquet(path: Path, rows: int) -> None:
 
 
 def _memory_child(parquet: Path, base: Path, workers: int) -> None:
-    """Import ``parquet`` with `write_arrow` (this process is fresh); print what it cost."""
-    runtime = drt.DatasetRuntime(num_workers=workers)
+    """Run ``python -m dataset_rt import`` of ``parquet`` in this (fresh) process, as a
+    user would (its "ok:" line included); print what it cost."""
+    from dataset_rt import cli
+
     before = _status()
     peak_anon = [before["RssAnon"]]
     done = threading.Event()
@@ -186,26 +188,26 @@ def _memory_child(parquet: Path, base: Path, workers: int) -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     start = time.perf_counter()
-    result = runtime.write_arrow(
-        parquet, base, name="ingest", payload_column="data", writer_config=CONFIG
-    )
+    code = cli.main(
+        ["import", str(parquet), "--payload-column", "data", "--name", "ingest",
+         "--base-dir", str(base), "--num-workers", str(workers)]
+    )  # fmt: skip
     seconds = time.perf_counter() - start
     done.set()
     sampler.join()
     after = _status()
-    assert isinstance(result, drt.CacheWriteSuccess), result
-    info = _native.inspect_cache(str(result.path))
-    opened = _status()
+    assert code == 0, code
+    manifest = json.loads((base / "ingest" / "manifest.json").read_text())["manifest"]
     report = {
-        "records": info.record_count,
+        "records": manifest["record_count"],
         "seconds": seconds,
-        "records_per_s": info.record_count / seconds,
+        "records_per_s": manifest["record_count"] / seconds,
         "start_rss": before["VmRSS"],
         "peak_rss": after["VmHWM"],
         "peak_anon": max(peak_anon[0], after["RssAnon"]),
         "end_anon": after["RssAnon"],
-        "peak_rss_after_open": opened["VmHWM"],
-        "cache_id": str(info.cache_id),
+        "end_file": after["RssFile"],
+        "cache_id": str(manifest["cache_id"]),
         "package": str(Path(drt.__file__).parent),
     }
     print(json.dumps(report))
@@ -262,7 +264,7 @@ def _memory(
 def _print_memory(rows: list[dict[str, Any]]) -> None:
     mb = 1 << 20
     print(f"{'build':>8} {'records':>11} {'seconds':>8} {'records/s':>12} {'start':>7} "
-          f"{'peak RSS':>9} {'ratio':>6} {'peak anon':>10} {'ratio':>6} {'after open':>11}"
+          f"{'peak RSS':>9} {'ratio':>6} {'peak anon':>10} {'ratio':>6} {'end file':>9}"
           "  (MiB)")  # fmt: skip
     for row in rows:
         print(
@@ -270,7 +272,7 @@ def _print_memory(rows: list[dict[str, Any]]) -> None:
             f"{row['records_per_s']:>12,.0f} "
             f"{row['start_rss'] / mb:>7.0f} {row['peak_rss'] / mb:>9.0f} "
             f"{row['peak_rss_ratio']:>5.2f}x {row['peak_anon'] / mb:>10.0f} "
-            f"{row['peak_anon_ratio']:>5.2f}x {row['peak_rss_after_open'] / mb:>11.0f}"
+            f"{row['peak_anon_ratio']:>5.2f}x {row['end_file'] / mb:>9.0f}"
         )
 
 

@@ -20,34 +20,138 @@ prints the bytes a row costs on disk (table and rows file) and the disk's sequen
 write rate with fsync (1 GiB written to the scratch directory), and their quotient:
 the put rate that disk allows. To compare two trees side by side, run the script of
 one with ``PYTHONPATH`` pointing at the other's checkout (built), alternating.
+
+``--parquet`` puts the same population from a Parquet file instead (a path given to
+``update_metadata``, read one row group at a time: `dataset_rt.parquet`), each put in
+a fresh process that reports its peak anonymous memory (``RssAnon``, sampled every
+20 ms) and pyarrow's peak allocations; ``--baseline DIR`` runs another build's
+``dataset_rt`` (a built checkout) alternately::
+
+    uv run python benchmarks/bench_put.py --rows 1e7 --parquet --baseline ../old
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 BATCH = 10**6
 DISK_PROBE_BYTES = 1 << 30
 
 
 def population(cache_id: int, rows: int) -> list[pa.RecordBatch]:
-    out = []
+    return list(population_batches(cache_id, rows))
+
+
+def population_batches(cache_id: int, rows: int) -> Iterator[pa.RecordBatch]:
     for start in range(0, rows, BATCH):
         sample = np.arange(start, min(rows, start + BATCH), dtype=np.uint64)
         label = (sample % np.uint64(1000)).astype(np.int64)
         columns = [np.full(len(sample), cache_id, dtype=np.uint64), sample, label]
         columns.append(1.0 / (1 + label % 10))
-        out.append(pa.record_batch(columns, names=["cache_id", "sample_id", "label", "weight"]))
-    return out
+        yield pa.record_batch(columns, names=["cache_id", "sample_id", "label", "weight"])
+
+
+# -- a put from a Parquet file (--parquet) -------------------------------------------
+
+
+def _status() -> dict[str, int]:
+    """The memory lines of /proc/self/status, in bytes."""
+    fields = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "RssAnon"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields
+
+
+def parquet_child(cache: Path, parquet: Path) -> None:
+    """One put of the Parquet file ``parquet`` in this fresh process (the library's
+    `update_metadata(path)`); print its cost as JSON."""
+    import dataset_rt as drt
+
+    runtime = drt.DatasetRuntime(num_workers=2)
+    dataset = runtime.cached_dataset([cache], reader_config=drt.ReaderConfig(seed=1))
+    before = _status()
+    peak = {"anon": before["RssAnon"], "arrow": pa.total_allocated_bytes()}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            peak["anon"] = max(peak["anon"], _status()["RssAnon"])
+            peak["arrow"] = max(peak["arrow"], pa.total_allocated_bytes())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.perf_counter()
+    dataset.update_metadata(parquet)
+    seconds = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    report = {
+        "rows": dataset.num_rows,
+        "seconds": seconds,
+        "start_anon": before["RssAnon"],
+        "peak_anon": peak["anon"],
+        "peak_arrow": peak["arrow"],
+        "package": str(Path(drt.__file__).parent),
+    }
+    print(json.dumps(report))
+
+
+def parquet_puts(cache: Path, cache_id: int, rows: int, puts: int, baseline: Path | None) -> None:
+    """``puts`` rounds of a put from one Parquet file (row groups of 10^6 rows), each
+    in a fresh process, alternating with ``baseline``'s build when given."""
+    with tempfile.TemporaryDirectory(prefix="bench_put_") as scratch:
+        parquet = Path(scratch) / "population.parquet"
+        batches = population_batches(cache_id, rows)
+        first = next(batches)
+        with pq.ParquetWriter(parquet, first.schema) as writer:
+            writer.write_batch(first)
+            for batch in batches:
+                writer.write_batch(batch)
+        size = parquet.stat().st_size
+        builds: list[tuple[str, Path | None]] = [("this", None)]
+        if baseline is not None:
+            builds.insert(0, ("baseline", baseline))
+        results = []
+        for _ in range(puts):
+            for build, path in builds:
+                env = dict(os.environ)
+                if path is not None:
+                    env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
+                command = [sys.executable, __file__, "--parquet-child", str(cache), str(parquet)]
+                child = subprocess.run(
+                    command, check=True, stdout=subprocess.PIPE, text=True, env=env
+                )
+                results.append(
+                    {"build": build, **json.loads(child.stdout.strip().splitlines()[-1])}
+                )
+    mib = 1 << 20
+    print(f"population: {rows:,} rows, Parquet file {size / mib:,.0f} MiB")
+    print(f"{'build':>8} {'seconds':>8} {'rows/s':>12} {'start anon':>11} {'peak anon':>10} "
+          f"{'peak pyarrow':>13}  (MiB)")  # fmt: skip
+    for row in results:
+        print(
+            f"{row['build']:>8} {row['seconds']:>8.2f} {row['rows'] / row['seconds']:>12,.0f} "
+            f"{row['start_anon'] / mib:>11.0f} {row['peak_anon'] / mib:>10.0f} "
+            f"{row['peak_arrow'] / mib:>13.0f}"
+        )
 
 
 def disk_write_rate(directory: Path) -> float:
@@ -73,7 +177,23 @@ def main() -> None:
         default=Path(__file__).parent / ".bench-data" / "put",
         help="where the cache is written (kept for the next run; remove it by hand)",
     )
+    parser.add_argument(
+        "--parquet",
+        action="store_true",
+        help="put the population from a Parquet file, each put in a fresh process, and "
+        "report its peak memory (anonymous, and pyarrow's allocations)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="with --parquet: a directory holding another build's dataset_rt, run alternately",
+    )
+    parser.add_argument("--parquet-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.parquet_child:
+        parquet_child(*args.parquet_child)
+        return
     rows = int(args.rows)
     if args.scratch_dir is not None:
         args.scratch_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +218,9 @@ def main() -> None:
     config = drt.ReaderConfig(seed=1, shuffle=True)
     dataset = runtime.cached_dataset(caches, reader_config=config)
     cache_id = int(dataset.scan_metadata().head(1).collect()["cache_id"][0])
+    if args.parquet:
+        parquet_puts(caches[0], cache_id, rows, args.puts, args.baseline)
+        return
     made = population(cache_id, rows)
     rates = []
     for _ in range(args.puts):

@@ -262,7 +262,9 @@ def _source(args: argparse.Namespace, dataset: str) -> StreamSource:
         raise InvalidArgumentError("--cache needs --state-dir (where the populations are)")
     # The audit reads a store, never starts one: a wrong name or state dir is
     # NotFound, not a new store there.
-    return LocalSource(args.cache, args.state_dir, name=dataset, create=False)
+    return LocalSource(
+        args.cache, args.state_dir, name=dataset, create=False, show_progress=not args.quiet
+    )
 
 
 def _from_state(args: argparse.Namespace, state: dict[str, Any]) -> RunDescription:

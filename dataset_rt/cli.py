@@ -132,7 +132,10 @@ def _import(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     end_engine_bar_line()
-    info = _native.inspect_cache(str(path))
+    # From the manifest the writer just published (or the existing cache's, checked
+    # before it was reused): opening the cache would map and hash index.bin and
+    # metadata.arrow again, gigabytes at 10^8 rows.
+    info = _native.inspect_cache(str(path), manifest_only=True)
     done = "reused (it holds these records), " if reused else ""
     print(
         f"ok: {args.name} -> {path}: {done}{info.record_count} records, "

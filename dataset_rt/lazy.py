@@ -7,8 +7,9 @@ Two conversions, shared by `CachedDataset` and `flight_client.DatasetClient`:
   yields it batch by batch and applies the query's projection, predicate and
   row limit to each batch, so a scan holds one batch at a time.
 - `streamed`: a `LazyFrame` (run by Polars' streaming engine) or a Parquet path
-  (a file or a directory, read by ``pyarrow.dataset``) as a `StreamedTable`: an
-  Arrow schema known before the first batch and the batches, each cast to it.
+  (a file or a directory, read one row group at a time: `dataset_rt.parquet`)
+  as a `StreamedTable`: an Arrow schema known before the first batch and the
+  batches, each cast to it.
   Eager tables (a Polars DataFrame, a pyarrow Table) are not converted: they keep
   the path they always had.
 
@@ -231,13 +232,13 @@ def _lazy_frame(frame: pl.LazyFrame, batch_rows: int, nullable: bool) -> Streame
 
 
 def _parquet(path: Path, batch_rows: int, nullable: bool) -> StreamedTable:
-    import pyarrow.dataset as ds
+    from dataset_rt.parquet import ParquetScan
 
     if not path.exists():
         raise FileNotFoundError(f"no Parquet file or directory at {path}")
-    dataset = ds.dataset(path, format="parquet")
+    scan = ParquetScan(path)
 
     def produce() -> Iterator[pa.RecordBatch]:
-        yield from dataset.to_batches(batch_size=batch_rows)
+        yield from scan.reader(batch_rows)
 
-    return StreamedTable(dataset.schema, produce, nullable=nullable, rows=dataset.count_rows)
+    return StreamedTable(scan.schema, produce, nullable=nullable, rows=scan.count_rows)

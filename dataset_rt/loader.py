@@ -119,6 +119,9 @@ class LocalSource:
     table) and answers its id, as a server's ``do_put`` does. With
     ``create=False`` (the audit) the population store must exist, with an
     active population: nothing is created, a missing one is `NotFoundError`.
+    ``show_progress`` draws a progress bar on stderr, on a terminal only, while the
+    rows file of a population stored by a build from before rows files is built
+    once (`dataset_rt.progress`'s rule).
     """
 
     def __init__(
@@ -130,6 +133,7 @@ class LocalSource:
         num_threads: int = 2,
         validate_cache: bool = False,
         create: bool = True,
+        show_progress: bool = True,
     ) -> None:
         if isinstance(caches, (str, Path)):
             caches = [caches]
@@ -139,6 +143,7 @@ class LocalSource:
         self.num_threads = num_threads
         self.validate_cache = validate_cache
         self.create = create
+        self.show_progress = show_progress
         self._opened: tuple[int, DatasetService] | None = None
         _ = self.service  # open now, so that a bad path fails here, not in a worker
 
@@ -154,6 +159,7 @@ class LocalSource:
                 self.state_dir,
                 validate_cache=self.validate_cache,
                 create=self.create,
+                show_progress=self.show_progress,
             )
             self._opened = (os.getpid(), service)
         return self._opened[1]

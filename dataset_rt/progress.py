@@ -4,7 +4,9 @@ One rule everywhere: drawn only when stderr is a terminal and the caller did not
 turn it off (``show_progress=False`` in the API, ``-q``/``--quiet`` on the
 command lines); nothing at all otherwise (pipes, logs, pytest), and never on
 stdout, which may carry data. The engine's own bars (the cache writer,
-``upload``) are indicatif's, with the same rule.
+``upload``, a population's first fetch from object storage and the rows file
+built once for a store of an older build) are indicatif's, with the same rule,
+in one place (``native/src/progress.rs``).
 
 Users: the audit's manifest and report (`dataset_rt.audit_cli`), scans of a
 population (`dataset_rt.lazy.scan_batches`: ``CachedDataset.scan_metadata`` and

@@ -40,33 +40,22 @@ DEFAULT_BATCH_SIZE = 64 * 1024
 def _arrow_stream(data: ArrowData, batch_size: int) -> tuple[object, int | None]:
     """``data`` as an Arrow C stream exporter, read lazily, and its row count if known.
 
-    Paths are scanned with ``pyarrow.dataset`` batch by batch (never read whole,
-    nor kept once read); tables are cut into batches of ``batch_size`` rows without
+    Paths are scanned batch by batch (`dataset_rt.parquet`: one row group in memory
+    at a time); tables are cut into batches of ``batch_size`` rows without
     copying.
     """
     import pyarrow as pa
 
     if isinstance(data, (str, os.PathLike)):
-        import pyarrow.dataset as pads
+        from dataset_rt.parquet import ParquetScan
 
         path = Path(data)
         if not path.exists():
             raise InvalidArgumentError(
                 f"{path} does not exist; expected a Parquet file or a directory of Parquet files"
             )
-        # Without pre-buffering: it keeps every column chunk it read until the file
-        # is closed, so an import held the whole file (apache/arrow#39808); on a
-        # local disk, reading as the batches are decoded is faster too. Decoded on
-        # the thread that reads the stream (the engine reads one batch ahead of
-        # the writer on a thread of its own), without read-ahead: one row group
-        # in memory at a time.
-        options = pads.ParquetFragmentScanOptions(pre_buffer=False)
-        parquet = pads.ParquetFileFormat(default_fragment_scan_options=options)
-        dataset = pads.dataset(path, format=parquet)
-        scanner = dataset.scanner(
-            batch_size=batch_size, use_threads=False, batch_readahead=1, fragment_readahead=1
-        )
-        return scanner.to_reader(), dataset.count_rows()
+        scan = ParquetScan(path)
+        return scan.reader(batch_size), scan.count_rows()
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):

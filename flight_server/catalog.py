@@ -42,7 +42,11 @@ class Catalog:
         *,
         validate_cache: bool = False,
         mirror_dir: Path | None = None,
+        show_progress: bool = True,
     ) -> None:
+        """``show_progress``: a progress bar on stderr, on a terminal only, while a
+        population is fetched from object storage on its first use here or its rows
+        file is built once for a store written before rows files existed."""
         if not specs:
             raise ValueError("a server needs at least one dataset")
         names = [s.name for s in specs]
@@ -73,6 +77,7 @@ class Catalog:
                 self.state_dir,
                 validate_cache=validate_cache,
                 mirror_dir=str(mirror_dir) if mirror_dir else None,
+                show_progress=show_progress,
             )
             for spec in specs
         }

@@ -222,7 +222,8 @@ def _parser() -> argparse.ArgumentParser:
         dest="quiet",
         action="store_true",
         help="no progress on stderr (without it, when stderr is a terminal: a line saying "
-        "what the start opens, and the demo cache's progress bar when it is written)",
+        "what the start opens, the demo cache's progress bar when it is written, and a bar "
+        "while a population is fetched from object storage or its rows file is built)",
     )
     signals.add_argument(
         "--log-level",
@@ -299,6 +300,7 @@ def build_server(args: argparse.Namespace) -> DatasetFlightServer:
         runtime,
         validate_cache=args.validate_cache,
         mirror_dir=args.mirror_dir or args.data_dir / "mirror",
+        show_progress=not args.quiet,
     )
     for name in catalog.names():
         catalog.get(name).set_keep_populations(args.keep_populations)

@@ -22,6 +22,7 @@ import pytest
 from activations import contender_script
 from ceph_s3 import CephS3, free_port
 from conftest import ListSource, make_records, write
+from terminal import on_a_terminal
 
 import dataset_rt as drt
 from dataset_rt.service import DatasetService, StreamRequest
@@ -145,6 +146,37 @@ def test_a_replica_serves_what_another_stored_and_activated(
     c = replica(runtime, cache, url, tmp_path / "c")
     assert c.active().population == population
     assert epoch(c).equals(epoch(a))
+
+
+FIRST_USE = """
+import sys
+import dataset_rt as drt
+from dataset_rt.service import DatasetService
+
+cache, url, mirror, show = sys.argv[1:]
+runtime = drt.DatasetRuntime(num_workers=1)
+service = DatasetService(
+    runtime.native, "objects", [cache], url, mirror_dir=mirror, show_progress=show == "show"
+)
+service.active()  # maps the active population: fetched into this mirror first
+"""
+
+
+def test_a_population_fetched_on_its_first_use_draws_a_bar_on_a_terminal(
+    runtime: drt.DatasetRuntime, cache: Path, bucket: str, s3: Any, tmp_path: Path
+) -> None:
+    """A replica's first use of a population downloads its files into the mirror
+    (GBs at scale): a bar of the bytes on a terminal; none with show_progress=False
+    (the server's --quiet)."""
+    url = f"s3://{bucket}/state"
+    a = replica(runtime, cache, url, tmp_path / "a")
+    population, _ = a.put(reweighted(a, 2.0), True)
+    command = [sys.executable, "-c", FIRST_USE, str(cache), url]
+    shown = on_a_terminal([*command, str(tmp_path / "b"), "show"])
+    assert f"fetching population {population[:12]}" in shown, shown
+    assert "KiB" in shown, shown
+    assert on_a_terminal([*command, str(tmp_path / "c"), "hide"]) == ""
+    assert list((tmp_path / "c").rglob(f"{population}.rows")), "fetched all the same"
 
 
 def test_damaged_and_hostile_log_entries_never_take_the_dataset_offline(

@@ -1,20 +1,17 @@
-"""Writer progress: drawn on a terminal, silent otherwise."""
+"""Progress (writes, puts, scans, the server's start, a population's rows file built
+for a store of an older build): drawn on a terminal, silent otherwise."""
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import signal
-import struct
 import subprocess
 import sys
-import termios
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from conftest import ListSource
+from terminal import on_a_terminal
 
 SCRIPT = """
 import sys
@@ -44,46 +41,7 @@ def _run(target: Path, *, terminal: bool) -> str:
             check=True,
         )
         return done.stderr
-    return _on_a_terminal([sys.executable, "-c", SCRIPT, str(target)])
-
-
-def _on_a_terminal(
-    command: list[str], *, stdout_too: bool = False, stop_after: bytes | None = None
-) -> str:
-    """What ``command`` wrote to a terminal (200 columns) on stderr, and on
-    stdout too with ``stdout_too`` (as a user at a terminal sees both). A
-    command that runs until stopped (a server) gets SIGTERM once ``stop_after``
-    was written."""
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 200, 0, 0))
-    # The terminal's own size, not one left in the environment (readline, once
-    # loaded in this process, exports COLUMNS and LINES, which rich prefers).
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    try:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=follower if stdout_too else subprocess.DEVNULL,
-            stderr=follower,
-            env=env,
-        )
-        os.close(follower)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:  # the follower side closed
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-            if stop_after is not None and stop_after in b"".join(chunks):
-                process.send_signal(signal.SIGTERM)
-                stop_after = None
-        assert process.wait(timeout=120) == 0
-    finally:
-        os.close(leader)
-    return b"".join(chunks).decode(errors="replace")
+    return on_a_terminal([sys.executable, "-c", SCRIPT, str(target)])
 
 
 def test_progress_is_drawn_on_a_terminal(tmp_path: Path) -> None:
@@ -111,7 +69,7 @@ def test_the_ok_line_after_a_progress_bar_starts_a_line_of_its_own(tmp_path: Pat
     n = 3000
     table = pa.table({"data": [bytes(512)] * n, "i": list(range(n))})
     pq.write_table(table, tmp_path / "data.parquet")
-    output = _on_a_terminal(
+    output = on_a_terminal(
         [
             sys.executable, "-m", "dataset_rt", "import", str(tmp_path / "data.parquet"),
             "--payload-column", "data", "--name", "bar", "--base-dir", str(tmp_path),
@@ -135,7 +93,7 @@ def test_the_server_start_says_what_it_opens_on_a_terminal_only(tmp_path: Path) 
 
     command = [sys.executable, "-m", "flight_server", "--port", "0"]
     command += ["--data-dir", str(tmp_path / "data")]
-    output = _on_a_terminal(command, stdout_too=True, stop_after=b"serving ")
+    output = on_a_terminal(command, stdout_too=True, stop_after=b"serving ")
     assert "starting: opening the demo dataset demo" in output
     assert f"population store {tmp_path / 'data' / 'state'}" in output
     assert "2000/2000 records" in output  # the demo cache, written on this first start
@@ -143,7 +101,7 @@ def test_the_server_start_says_what_it_opens_on_a_terminal_only(tmp_path: Path) 
     assert serving, output
     assert before.endswith("\n"), f"the serving line follows {before[-60:]!r}"
 
-    quiet = _on_a_terminal([*command, "-q"], stdout_too=True, stop_after=b"serving ")
+    quiet = on_a_terminal([*command, "-q"], stdout_too=True, stop_after=b"serving ")
     assert "serving demo at " in quiet
     assert "starting" not in quiet
 
@@ -207,7 +165,7 @@ assert scanned == ROWS, scanned
 def test_puts_and_scans_draw_their_bars_on_a_terminal(tmp_path: Path) -> None:
     """`DatasetClient` puts (a DataFrame, a LazyFrame, a Parquet file), reads and scans, and the
     library's own scan, each draw a bar of the rows on a terminal (stderr)."""
-    output = _on_a_terminal([sys.executable, "-c", CLIENT, str(tmp_path), "show"])
+    output = on_a_terminal([sys.executable, "-c", CLIENT, str(tmp_path), "show"])
     assert "━" in output  # rich's bar
     assert "read bars" in output
     assert "1000/1000" in output  # the first read: the population of the cache's rows
@@ -230,5 +188,60 @@ def test_puts_and_scans_are_silent_off_a_terminal_or_without_progress(tmp_path: 
     )
     assert piped.stderr == ""
     assert piped.stdout == ""
-    hidden = _on_a_terminal([sys.executable, "-c", CLIENT, str(tmp_path / "hidden"), "hide"])
+    hidden = on_a_terminal([sys.executable, "-c", CLIENT, str(tmp_path / "hidden"), "hide"])
     assert hidden == ""
+
+
+# -- the engine's one-time waits: a rows file built for a store of an older build --
+
+OLD_STORE = """
+import sys
+from dataset_rt.loader import LocalSource
+
+cache, state, show = sys.argv[1], sys.argv[2], sys.argv[3] == "show"
+source = LocalSource([cache], state, name="old", show_progress=show)
+assert source.service.active().rows == 20_000
+"""
+
+
+def test_the_rows_file_built_for_an_older_store_draws_a_bar_on_a_terminal(
+    tmp_path: Path,
+) -> None:
+    """A store written before rows files existed (its table file an Arrow IPC stream
+    of the table as put, identities included) gets each rows file built when its
+    population is first opened, a full read of the table: a bar of its rows on a
+    terminal, none with ``show_progress=False`` or off a terminal."""
+    import dataset_rt as drt
+    from dataset_rt.loader import LocalSource
+
+    runtime = drt.DatasetRuntime(num_workers=2)
+    records = [drt.CacheInput(data=b"x", metadata={"label": i % 7}) for i in range(20_000)]
+    [written] = runtime.write_cache(
+        ListSource("old", records), tmp_path, writer_config=drt.WriterConfig(show_progress=False)
+    )
+    assert isinstance(written, drt.CacheWriteSuccess), written
+    state = tmp_path / "state"
+    service = LocalSource([written.path], state, name="old").service
+    population = service.active().population
+    table = pa.table(service.metadata())
+    [table_file] = state.rglob(f"{population}.arrow")
+
+    def as_an_older_build_left_it() -> None:
+        older = table_file.with_suffix(".older")
+        with pa.OSFile(str(older), "wb") as out, pa.ipc.new_stream(out, table.schema) as ipc:
+            ipc.write_table(table)
+        older.replace(table_file)
+        table_file.with_suffix(".rows").unlink()
+
+    command = [sys.executable, "-c", OLD_STORE, str(written.path), str(state)]
+    as_an_older_build_left_it()
+    shown = on_a_terminal([*command, "show"])
+    assert f"building the rows file of population {population[:12]}" in shown, shown
+    assert "20000/20000 rows" in shown, shown
+    as_an_older_build_left_it()
+    assert on_a_terminal([*command, "hide"]) == ""
+    as_an_older_build_left_it()
+    piped = subprocess.run(
+        [*command, "show"], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert piped.stderr == ""

@@ -13,6 +13,7 @@ pub mod hash;
 pub mod ids;
 mod os;
 pub mod population;
+pub mod progress;
 pub mod remote;
 pub mod request;
 pub mod run;

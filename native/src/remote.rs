@@ -375,6 +375,12 @@ impl Bucket {
     /// renamed into place, so `dest` is whole or absent. `NotFound` when the
     /// object does not exist.
     pub fn download(&self, name: &str, dest: &Path) -> Result<()> {
+        self.download_counted(name, dest, &|_| {})
+    }
+
+    /// `download`, telling `received` of each piece of the object as it is
+    /// written.
+    pub fn download_counted(&self, name: &str, dest: &Path, received: &dyn Fn(u64)) -> Result<()> {
         let dir = dest.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(dir).at("cannot create", dir)?;
         let temp = LockedTemp::create_file(dir, ".tmp-")?;
@@ -395,6 +401,7 @@ impl Bucket {
             while let Some(part) = parts.next().await {
                 let part = part.map_err(|e| self.error("read", name, e))?;
                 file.write_all(&part).at("cannot write", temp.path())?;
+                received(part.len() as u64);
             }
             Ok(())
         })?;

@@ -348,6 +348,14 @@ impl DatasetService {
         self.keep_populations.store(keep, Ordering::Relaxed);
     }
 
+    /// Draw a progress bar on stderr (a terminal only, `crate::progress`)
+    /// while a population is fetched from object storage on its first use
+    /// here, or its rows file is built for a store written before rows
+    /// files existed; off by default.
+    pub fn set_show_progress(&self, show: bool) {
+        self.store.set_show_progress(show);
+    }
+
     /// Apply `set_keep_populations` under the activation lock (`held`, or
     /// taken here), so that no activation races with a removal.
     fn retain(&self, held: Option<&ActivationLock>) -> Result<()> {

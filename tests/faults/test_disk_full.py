@@ -45,11 +45,11 @@ VOLUME = "2m"
 
 
 @contextlib.contextmanager
-def small_volume(path: Path) -> Iterator[Path]:
-    """A tmpfs of `VOLUME` mounted at ``path`` (unmounted on exit)."""
+def small_volume(path: Path, size: str = VOLUME) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (unmounted on exit)."""
     path.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={VOLUME}", "tmpfs", str(path)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -228,3 +228,121 @@ def test_a_put_on_a_nearly_full_volume_never_kills_the_process(
         assert "full" in kinds, kinds
         assert kinds[-1] == "stored", "with room enough the put is stored"
         assert all("volume is full" in text for kind, text in outcomes if kind == "full")
+
+
+# -- a cache written on a full volume (issue 47: metadata.arrow written as it grows) --
+
+# Runs in a child process, as above: a columnar write whose metadata.arrow (a long
+# string column: most of the cache's bytes) meets a full volume at several points,
+# the free space swept from an eighth of the cache's size to a page short of it.
+FULL_VOLUME_WRITES = """
+import json, os, shutil, sys
+import pyarrow as pa
+import dataset_rt as drt
+from dataset_rt import _native
+
+base, rows = sys.argv[1], int(sys.argv[2])
+table = pa.table({
+    "data": pa.array([bytes([i % 251]) for i in range(rows)], pa.binary()),
+    "label": pa.array(range(rows), pa.int64()),
+    "text": pa.array([f"{i:08d}" * 36 for i in range(rows)], pa.string()),
+})
+runtime = drt.DatasetRuntime(num_workers=2)
+config = drt.WriterConfig(show_progress=False)
+options = config.options
+probe = os.path.join(base, "probe")
+_native.write_arrow(runtime.native, table, probe, "c", "data", options)
+sizes = [os.path.getsize(os.path.join(probe, "c", f)) for f in os.listdir(os.path.join(probe, "c"))]
+size, pages = sum(sizes), sum(-(-n // 4096) for n in sizes)  # tmpfs allocates pages
+metadata_share = os.path.getsize(os.path.join(probe, "c", "metadata.arrow")) / size
+shutil.rmtree(probe)
+
+def fill(free):
+    filler = os.path.join(base, "filler")
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    for chunk in (1 << 20, 1 << 16, 1 << 12):
+        for _ in range(1_000_000):
+            try:
+                os.write(fd, b"\\0" * chunk)
+            except OSError:
+                break
+    os.ftruncate(fd, max(0, os.fstat(fd).st_size - free))
+    os.close(fd)
+    return filler
+
+def left(path):
+    return sorted(os.listdir(path)) if os.path.exists(path) else []
+
+outcomes = []
+# An eighth of the cache to 7/8, then a page or two short of it (the last writes:
+# metadata.arrow's last batch and footer, the manifest).
+for free in [size * k // 8 for k in range(1, 8)] + [(pages - 2) * 4096, (pages - 1) * 4096]:
+    filler = fill(free)
+    out = os.path.join(base, "out")
+    try:
+        _native.write_arrow(runtime.native, table, out, "c", "data", options)
+    except drt.StorageFullError as error:
+        outcome = ["full", str(error)]
+    else:
+        outcome = ["written", ""]
+    written = runtime.write_arrow(table, out, name="c", payload_column="data", writer_config=config)
+    opened = runtime.from_arrow(
+        table, out, name="c", payload_column="data", writer_config=config,
+        reader_config=drt.ReaderConfig(seed=0),
+    )
+    outcomes.append(outcome + [
+        type(written).__name__, getattr(written, "message", ""),
+        type(opened).__name__, getattr(opened, "message", ""),
+        left(out), sorted(p for p in os.listdir(base) if p != "filler" and p != "out"),
+    ])
+    os.unlink(filler)
+    shutil.rmtree(out, ignore_errors=True)
+written = runtime.write_arrow(table, base, name="c", payload_column="data", writer_config=config)
+assert isinstance(written, drt.CacheWriteSuccess), written
+report = _native.verify_cache(str(written.path))
+opened = runtime.from_arrow(
+    table, base, name="c", payload_column="data", writer_config=config,
+    reader_config=drt.ReaderConfig(seed=0),
+)
+assert isinstance(opened, drt.CacheSourcesDatasetSuccess), opened
+print(json.dumps({"size": size, "metadata_share": metadata_share, "records": report.records,
+                  "outcomes": outcomes}))
+"""
+
+
+def test_a_columnar_write_on_a_full_volume_fails_cleanly_and_succeeds_once_there_is_room(
+    tmp_path: Path,
+) -> None:
+    """`write_arrow` / `from_arrow` into a volume that fills while metadata.arrow is
+    written (as it grows, storage/metadata_out.rs): each attempt is
+    `StorageFullError` (a `CacheWriteError` naming a full volume from the
+    result-returning calls), the process lives, no partial cache or temporary file
+    is left, and the same write succeeds once the space is back."""
+    rows = 100_000  # more than one metadata batch (2^16 rows)
+    with small_volume(tmp_path / "volume", size="64m") as volume:
+        child = subprocess.run(
+            [sys.executable, "-c", FULL_VOLUME_WRITES, str(volume), str(rows)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert child.returncode == 0, (
+            f"the process writing on a full volume ended with {child.returncode}"
+            f" (-7 is SIGBUS): {child.stderr[-3000:]}"
+        )
+        result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["records"] == rows, "with room enough the write succeeds"
+    assert result["metadata_share"] > 0.7, result["metadata_share"]
+    failed_in_metadata = 0
+    for kind, text, written, written_text, opened, opened_text, out, others in result["outcomes"]:
+        assert kind == "full", (kind, text)
+        assert "volume is full" in text, text
+        failed_in_metadata += "metadata.arrow" in text
+        assert written == "CacheWriteError", written
+        assert "volume is full" in written_text, written_text
+        assert opened == "CacheSourcesDatasetError", opened
+        assert "volume is full" in opened_text, opened_text
+        assert out == [], f"a failed write leaves nothing in its base directory: {out}"
+        assert others == [], f"nothing is left beside it either: {others}"
+    assert failed_in_metadata >= 4, [outcome[1] for outcome in result["outcomes"]]

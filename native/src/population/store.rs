@@ -39,6 +39,7 @@ use crate::run::fence::{Claim, Runs};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::PopulationRows;
@@ -47,6 +48,7 @@ use arrow_array::RecordBatch;
 use arrow_ipc::writer::StreamWriter;
 
 use crate::error::{Error, IoContext, Result};
+use crate::progress::{self, Unit};
 use crate::storage::publish::fsync_dir;
 use crate::storage::temp::{remove_abandoned, LockedTemp};
 
@@ -74,6 +76,9 @@ pub struct PopulationStore {
     /// store (its lock file is in the store, not in a mirror): removal needs
     /// it, so that no activation of a population being removed is under way.
     lock_is_shared: bool,
+    /// Whether a population's first fetch or rows build draws a progress bar
+    /// (`set_show_progress`).
+    show_progress: AtomicBool,
 }
 
 /// The right to change the active pointer: an exclusive lock on
@@ -107,7 +112,15 @@ impl PopulationStore {
             log: RemoteLog::new(shared.clone(), legacy_pointer(&shared)?),
             shared,
             lock_is_shared,
+            show_progress: AtomicBool::new(false),
         })
+    }
+
+    /// Draw a progress bar on stderr (a terminal only, `crate::progress`)
+    /// while `open_population` fetches a population from object storage or
+    /// builds its rows file; off by default.
+    pub fn set_show_progress(&self, show: bool) {
+        self.show_progress.store(show, Ordering::Relaxed);
     }
 
     /// Where the store lives, for messages: its directory or its URL.
@@ -146,6 +159,10 @@ impl PopulationStore {
             ))),
             Err(e) => Err(Error::io("cannot open the population store", dir, e)),
         }
+    }
+
+    fn shows_progress(&self) -> bool {
+        self.show_progress.load(Ordering::Relaxed)
     }
 
     fn path_of(&self, id: &PopulationId) -> PathBuf {
@@ -188,12 +205,19 @@ impl PopulationStore {
     /// directory (rows, then the table), checked against its id before it
     /// is used. `NotFound` when the store does not hold it.
     fn fetch(&self, id: &PopulationId, caches: &CacheSet) -> Result<()> {
-        if !self.shared.exists(&remote_table(id))? {
+        let Some(table_bytes) = self.shared.size(&remote_table(id))? else {
             return Err(self.not_found(id));
-        }
+        };
+        let rows_bytes = self.shared.size(&remote_rows(id))?.unwrap_or(0);
+        let label = format!("fetching population {}", short(id));
+        let total = Some(table_bytes + rows_bytes);
+        let bar = progress::bar(self.shows_progress(), label, total, Unit::Bytes);
+        let count = |n| bar.inc(n);
         self.shared
-            .download(&remote_rows(id), &self.rows_path_of(id))?;
-        self.shared.download(&remote_table(id), &self.path_of(id))?;
+            .download_counted(&remote_rows(id), &self.rows_path_of(id), &count)?;
+        self.shared
+            .download_counted(&remote_table(id), &self.path_of(id), &count)?;
+        bar.finish_and_clear();
         if let Err(error) = self.check_table_hash(id, caches) {
             let _ = fs::remove_file(self.path_of(id));
             let _ = fs::remove_file(self.rows_path_of(id));
@@ -202,9 +226,11 @@ impl PopulationStore {
         Ok(())
     }
 
-    /// Map the population `id`. A store written before rows files existed
-    /// has none: it is built once from the table (a full read, checked
-    /// against the id), then kept.
+    /// Map the population `id`. On object storage, a population this replica
+    /// has not opened yet is fetched first. A store written before rows files
+    /// existed has none: it is built once from the table (a full read,
+    /// checked against the id), then kept. Both waits draw a progress bar
+    /// after `set_show_progress(true)`.
     pub fn open_population(&self, id: &PopulationId, caches: &Arc<CacheSet>) -> Result<Population> {
         let table = self.path_of(id);
         if !table.exists() {
@@ -214,8 +240,16 @@ impl PopulationStore {
         if !rows.exists() {
             // Each slice is checked as it is read: no separate pass over the table.
             let mapped = super::MappedTable::open(&table)?.unchecked();
-            let slices = mapped.checked_slices().map(|s| s.map_err(Error::from));
+            let label = format!("building the rows file of population {}", short(id));
+            let total = Some(mapped.num_rows() as u64);
+            let bar = progress::bar(self.shows_progress(), label, total, Unit::Rows);
+            let slices = mapped.checked_slices().map(|slice| {
+                let slice = slice.map_err(Error::from)?;
+                bar.inc(slice.num_rows() as u64);
+                Ok(slice)
+            });
             let written = write_population(caches.clone(), &self.scratch_dir(), slices)?;
+            bar.finish_and_clear();
             if written.id != *id {
                 return Err(Error::corrupt_population(
                     &table,
@@ -465,6 +499,11 @@ fn legacy_pointer(shared: &Bucket) -> Result<Option<ActivePopulation>> {
             Ok(None)
         }
     }
+}
+
+/// A population's id as a progress bar names it: its first 12 hex digits.
+fn short(id: &PopulationId) -> &str {
+    id.as_str().get(..12).unwrap_or(id.as_str())
 }
 
 fn remote_table(id: &PopulationId) -> String {

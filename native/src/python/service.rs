@@ -116,7 +116,11 @@ impl DatasetService {
     ///
     /// `state_dir` is a directory, or object storage (`s3://bucket/prefix`,
     /// credentials from the environment) mirrored into `mirror_dir`.
-    #[pyo3(signature = (runtime, name, paths, state_dir, *, validate_cache=false, create=true, mirror_dir=None))]
+    ///
+    /// `show_progress` draws a progress bar on stderr, when it is a terminal,
+    /// while a population is fetched from object storage on its first use or
+    /// its rows file is built for a store written before rows files existed.
+    #[pyo3(signature = (runtime, name, paths, state_dir, *, validate_cache=false, create=true, mirror_dir=None, show_progress=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -127,6 +131,7 @@ impl DatasetService {
         validate_cache: bool,
         create: bool,
         mirror_dir: Option<PathBuf>,
+        show_progress: bool,
     ) -> PyResult<Self> {
         let state = state_location(state_dir, mirror_dir, create).py()?;
         let inner = py
@@ -137,6 +142,7 @@ impl DatasetService {
                 _ => Engine::open_at(&name, &paths, &state, validate_cache),
             })
             .py()?;
+        inner.set_show_progress(show_progress);
         Ok(DatasetService {
             inner: Arc::new(inner),
             pool: runtime.pool.clone(),

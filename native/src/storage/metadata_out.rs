@@ -196,20 +196,7 @@ mod tests {
 
     use super::*;
     use crate::hash::xxh3_64;
-    use crate::storage::MetaType;
-
-    fn columns() -> Vec<ColumnSpec> {
-        vec![
-            ColumnSpec {
-                name: "label".into(),
-                dtype: MetaType::Int64,
-            },
-            ColumnSpec {
-                name: "split".into(),
-                dtype: MetaType::String,
-            },
-        ]
-    }
+    use crate::storage::cache::fixture::label_split_columns;
 
     fn values(i: usize) -> Vec<MetaValue> {
         vec![
@@ -226,7 +213,8 @@ mod tests {
     ) -> (FileEntry, Vec<u8>, Vec<RecordBatch>) {
         let dir = tempfile::tempdir().unwrap();
         let mut out =
-            MetadataOut::with_batches(dir.path(), &columns(), batch_rows, batch_bytes).unwrap();
+            MetadataOut::with_batches(dir.path(), &label_split_columns(), batch_rows, batch_bytes)
+                .unwrap();
         for i in 0..rows {
             out.push(&values(i)).unwrap();
         }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 
 use super::codec::{Compression, EncodedRecord, Encoding};
 use super::columnar::ColumnarRows;
@@ -39,6 +39,7 @@ use super::profile::{timed, Stage, WriteProfile};
 use super::schema::{ColumnSpec, MetaValue};
 use super::writer::{CacheWriter, WriterOptions};
 use crate::error::{Error, Result};
+use crate::progress::{self, Unit};
 use crate::workers::{ReorderBuffer, WorkerPool};
 
 /// Records per chunk handed to one worker job.
@@ -147,10 +148,11 @@ impl WritePipeline {
         self
     }
 
-    /// Draw a progress bar on stderr (only when stderr is a terminal); `total`
-    /// is the number of records expected, if known.
+    /// Draw a progress bar on stderr (only when stderr is a terminal:
+    /// `crate::progress`); `total` is the number of records expected, if known.
     pub fn with_progress(mut self, total: Option<u64>) -> Self {
-        self.progress = progress_bar(&self.name, total);
+        let label = format!("writing {}", self.name);
+        self.progress = progress::bar(true, label, total, Unit::Records);
         self
     }
 
@@ -374,21 +376,6 @@ impl WritePipeline {
     }
 }
 
-fn progress_bar(name: &str, total: Option<u64>) -> ProgressBar {
-    // The stderr target draws only when stderr is a terminal.
-    let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
-    let template = if total.is_some() {
-        "{prefix} {bar:30} {pos}/{len} records · {per_sec:0} · {msg} · ETA {eta}"
-    } else {
-        "{prefix} {spinner} {pos} records · {per_sec:0} · {msg}"
-    };
-    if let Ok(style) = ProgressStyle::with_template(template) {
-        bar.set_style(style);
-    }
-    bar.set_prefix(format!("writing {name}"));
-    bar
-}
-
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroUsize;
@@ -396,20 +383,8 @@ mod tests {
     use arrow_array::{Int64Array, StringArray};
 
     use super::*;
-    use crate::storage::{Cache, Codec, MetaType};
-
-    fn columns() -> Vec<ColumnSpec> {
-        vec![
-            ColumnSpec {
-                name: "label".into(),
-                dtype: MetaType::Int64,
-            },
-            ColumnSpec {
-                name: "split".into(),
-                dtype: MetaType::String,
-            },
-        ]
-    }
+    use crate::storage::cache::fixture::label_split_columns;
+    use crate::storage::{Cache, Codec};
 
     /// Payloads of varied sizes (some empty, some compressible) and their metadata.
     fn records(n: usize) -> Vec<Record> {
@@ -437,7 +412,8 @@ mod tests {
         let pool =
             Arc::new(WorkerPool::new(std::num::NonZeroUsize::new(workers).unwrap()).unwrap());
         let mut pipeline =
-            WritePipeline::create(pool, base, "src", columns(), options(prefetch)).unwrap();
+            WritePipeline::create(pool, base, "src", label_split_columns(), options(prefetch))
+                .unwrap();
         pipeline.chunk_records = chunk;
         pipeline
     }
@@ -517,7 +493,8 @@ mod tests {
         let (parallel, _) = pipeline.finish().unwrap();
 
         let base = dir.path().join("sequential");
-        let mut writer = CacheWriter::create(&base, "src", columns(), options(4)).unwrap();
+        let mut writer =
+            CacheWriter::create(&base, "src", label_split_columns(), options(4)).unwrap();
         for (payload, values) in input {
             let compression = options(4).compression;
             writer
@@ -565,13 +542,14 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let base = dir.path().join("records");
             let mut pipeline =
-                WritePipeline::create(pool.clone(), &base, "src", columns(), options).unwrap();
+                WritePipeline::create(pool.clone(), &base, "src", label_split_columns(), options)
+                    .unwrap();
             write_all(&mut pipeline, &input).unwrap();
             let (by_records, _) = pipeline.finish().unwrap();
 
             let base = dir.path().join("rows");
             let mut pipeline =
-                WritePipeline::create(pool, &base, "src", columns(), options).unwrap();
+                WritePipeline::create(pool, &base, "src", label_split_columns(), options).unwrap();
             // Batches of uneven sizes, one of them empty.
             let mut at = 0;
             for size in [1, 0, 150, 149] {
@@ -599,7 +577,7 @@ mod tests {
                 .unwrap();
                 let schema =
                     crate::storage::ColumnarSchema::new(&batch.schema(), "payload_bytes").unwrap();
-                assert_eq!(schema.columns(), columns().as_slice());
+                assert_eq!(schema.columns(), label_split_columns().as_slice());
                 let rows = schema.rows(&batch, at as u64).unwrap();
                 pipeline.push_rows(Arc::new(rows)).unwrap();
                 at += size;

@@ -16,12 +16,12 @@
 
 use std::path::Path;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use super::{hex64, Cache, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
 use crate::error::{Error, IoContext, Result};
 use crate::hash::xxh3_64;
+use crate::progress::{self, Unit};
 use crate::remote::Bucket;
 
 pub const PUBLISHED: &str = "published.json";
@@ -112,18 +112,8 @@ pub fn upload_cache(dir: &Path, base_url: &str, show_progress: bool) -> Result<U
             Err(refuse(&there))
         };
     }
-    let progress = if show_progress {
-        let bar = ProgressBar::with_draw_target(Some(bytes), ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template(
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        ) {
-            bar.set_style(style);
-        }
-        bar.set_message(format!("upload {name}"));
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let label = format!("uploading {name}");
+    let progress = progress::bar(show_progress, label, Some(bytes), Unit::Bytes);
     let versioned = bucket.child(&version);
     for file in &files {
         versioned.upload_counted(&dir.join(file), file, &|n| progress.inc(n))?;

@@ -384,6 +384,7 @@ mod tests {
     use arrow_ipc::writer::FileWriter;
 
     use super::*;
+    use crate::storage::cache::fixture::label_split_columns;
 
     #[test]
     fn options_are_checked_once_with_the_argument_named() {
@@ -454,25 +455,11 @@ mod tests {
         assert_eq!(kept, shard, "the existing cache is unchanged");
     }
 
-    fn labelled_columns() -> Vec<ColumnSpec> {
-        use super::super::schema::MetaType;
-        vec![
-            ColumnSpec {
-                name: "label".into(),
-                dtype: MetaType::Int64,
-            },
-            ColumnSpec {
-                name: "split".into(),
-                dtype: MetaType::String,
-            },
-        ]
-    }
-
     /// Cache `name` of 10 records, a batch of `metadata.arrow` every `rows`.
     fn write_labelled(base: &Path, name: &str, rows: usize) -> (PathBuf, Manifest) {
         let options = WriterOptions::default();
         let mut writer =
-            CacheWriter::create_batched(base, name, labelled_columns(), options, rows).unwrap();
+            CacheWriter::create_batched(base, name, label_split_columns(), options, rows).unwrap();
         for i in 0..10u64 {
             let record = EncodedRecord::encode(vec![i as u8; i as usize], options.compression);
             let values = [

@@ -105,7 +105,9 @@ impl Cache {
     }
 }
 
-/// Small caches for the tests of every file of this module.
+/// Small caches (and the column lists they are written with) for the tests
+/// of every file of this module and of the writers (`storage::writer`,
+/// `metadata_out`, `pipeline`).
 #[cfg(test)]
 pub(crate) mod fixture {
     use std::num::NonZeroU64;
@@ -115,6 +117,21 @@ pub(crate) mod fixture {
         CacheWriter, Codec, ColumnSpec, Compression, EncodedRecord, MetaType, MetaValue,
         WriterOptions,
     };
+
+    /// The stored columns of the writers' tests: an integer `label` and a
+    /// string `split`.
+    pub fn label_split_columns() -> Vec<ColumnSpec> {
+        vec![
+            ColumnSpec {
+                name: "label".into(),
+                dtype: MetaType::Int64,
+            },
+            ColumnSpec {
+                name: "split".into(),
+                dtype: MetaType::String,
+            },
+        ]
+    }
 
     /// Record `i`'s payload: `len` bytes that differ from record to record.
     pub fn payload(i: u64, len: usize) -> Vec<u8> {
