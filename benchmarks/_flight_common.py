@@ -111,9 +111,15 @@ def payload_offsets(count: int, size: int) -> list[int]:
     return random.Random(size).choices(range(POOL_BYTES - size + 1), k=count)
 
 
-def batch_bounds(count: int, size: int) -> Iterator[tuple[int, int]]:
-    """``[start, stop)`` of each batch: at most BATCH_ROWS rows and BATCH_BYTES bytes."""
-    rows = max(1, min(BATCH_ROWS, BATCH_BYTES // size))
+def batch_bounds(
+    count: int, size: int, batch_bytes: int | None = None
+) -> Iterator[tuple[int, int]]:
+    """``[start, stop)`` of each batch: our server's shape (at most BATCH_ROWS rows
+    and BATCH_BYTES bytes), or batches of about ``batch_bytes`` whatever their rows."""
+    if batch_bytes is None:
+        rows = max(1, min(BATCH_ROWS, BATCH_BYTES // size))
+    else:
+        rows = max(1, batch_bytes // size)
     for start in range(0, count, rows):
         yield start, min(count, start + rows)
 
@@ -153,14 +159,15 @@ def write_cache(name: str, count: int, size: int, root: Path) -> tuple[Path, flo
 # -- the raw ceiling: a minimal pyarrow Flight server (``--raw-server``) ----------
 
 
-def raw_batches(count: int, size: int) -> list[Any]:
-    """The same payloads as the cache, as ``position, cache_id, sample_id, payload``."""
+def raw_batches(count: int, size: int, batch_bytes: int | None = None) -> list[Any]:
+    """The same payloads as the cache, as ``position, cache_id, sample_id, payload``,
+    in batches of `batch_bounds`."""
     import pyarrow as pa
 
     pool = payload_pool()
     offsets = payload_offsets(count, size)
     batches = []
-    for start, stop in batch_bounds(count, size):
+    for start, stop in batch_bounds(count, size, batch_bytes):
         n = stop - start
         values = b"".join(pool[o : o + size] for o in offsets[start:stop])
         ends = pa.array(range(0, (n + 1) * size, size), type=pa.int64())
@@ -177,12 +184,12 @@ def raw_batches(count: int, size: int) -> list[Any]:
     return batches
 
 
-def serve_raw(count: int, size: int) -> int:
+def serve_raw(count: int, size: int, batch_bytes: int | None = None) -> int:
     """Serve ``count`` payloads of ``size`` bytes from memory until SIGTERM."""
     import pyarrow as pa
     import pyarrow.flight as flight
 
-    batches = raw_batches(count, size)
+    batches = raw_batches(count, size, batch_bytes)
     schema = batches[0].schema
 
     class RawServer(flight.FlightServerBase):  # type: ignore[misc]
@@ -321,10 +328,14 @@ class ServerProcess:
                 self.proc.wait(STOP_TIMEOUT)
 
 
-def start_raw(count: int, size: int, workdir: Path) -> ServerProcess:
+def start_raw(
+    count: int, size: int, workdir: Path, batch_bytes: int | None = None, name: str = "raw"
+) -> ServerProcess:
     command = [sys.executable, str(RAW_SERVER_SCRIPT), "--raw-server"]
     command += ["--count", str(count), "--payload-size", str(size)]
-    return ServerProcess.start("raw", command, workdir)
+    if batch_bytes is not None:
+        command += ["--raw-batch-bytes", str(batch_bytes)]
+    return ServerProcess.start(name, command, workdir)
 
 
 def start_sampling(count: int, size: int, workdir: Path) -> ServerProcess:

@@ -291,11 +291,17 @@ def read_floor(program: Path, cache: Path) -> float:
 
 
 def measure_size(
-    size: int, scale: Scale, pool: common.ClientPool, workdir: Path, floor: Path | None
+    size: int,
+    scale: Scale,
+    pool: common.ClientPool,
+    workdir: Path,
+    floor: Path | None,
+    big_batch_bytes: int | None = None,
 ) -> tuple[list[common.Measurement[ServerRun]], float, float | None]:
     """Ours, raw and the sampling floor at one payload size, 1 and 2 clients, repeats
     interleaved; with ``floor`` (the ``read_floor`` program), the verified read's
-    CPU floor of the same cache too."""
+    CPU floor of the same cache too; with ``big_batch_bytes``, a second raw server
+    ("raw-big") holding the payloads in batches of that many bytes."""
     count = scale.total_bytes // size
     log(f"{human_bytes(size)}: writing a cache of {count} records ({human_bytes(count * size)})")
     cache, write_seconds = common.write_cache(
@@ -308,6 +314,8 @@ def measure_size(
             common.start_raw(count, size, workdir),
             common.start_sampling(count, size, workdir),
         ]
+        if big_batch_bytes is not None:
+            servers.append(common.start_raw(count, size, workdir, big_batch_bytes, "raw-big"))
         for server in servers:
             server.wait_location()
         ours = servers[0]
@@ -323,6 +331,7 @@ def measure_size(
                 "ours": our_tickets(ours.location, clients),
                 "raw": common.raw_tickets(clients),
                 "sampling": common.raw_tickets(clients),
+                "raw-big": common.raw_tickets(clients),
             }
             pair = {s.name: common.Measurement(s.name, size, clients) for s in servers}
             for repeat in range(scale.repeats):
@@ -434,6 +443,8 @@ def throughput_table(
             ours_cpu, raw_cpu = cpu_per_gib(ours.runs), cpu_per_gib(raw.runs)
             cpu_ratio = ours_cpu / raw_cpu
             read_floor_cpu = floors.get(size)
+            big = by_key.get(("raw-big", size, clients))
+            big_cpu = None if big is None else cpu_per_gib(big.runs)
             table.append(
                 {
                     "size": size,
@@ -454,11 +465,49 @@ def throughput_table(
                     "cpu_floor_ratio": (
                         None if read_floor_cpu is None else (raw_cpu + read_floor_cpu) / raw_cpu
                     ),
+                    "raw_big_mib_s": None if big is None else big.median.mib_s,
+                    "raw_big_cpu_s_per_gib": big_cpu,
+                    "cpu_ratio_big": None if big_cpu is None else ours_cpu / big_cpu,
+                    "cpu_floor_ratio_big": (
+                        None
+                        if big_cpu is None or read_floor_cpu is None
+                        else (big_cpu + read_floor_cpu) / big_cpu
+                    ),
                     "verdict": "ok" if ratio >= TARGET_RATIO else "BELOW",
                     "cpu_verdict": "ok" if cpu_ratio <= target_cpu_ratio(size) else "ABOVE",
                 }
             )
     return table
+
+
+def print_floor_table(table: Sequence[dict[str, Any]]) -> None:
+    """Our CPU against the floor, over each raw server: the one batched like our
+    server and, if it ran, the one of large batches (``--raw-batch-mib``)."""
+    rows = [row for row in table if row["cpu_floor_ratio"] is not None]
+    if not rows:
+        return
+    big = any(row["cpu_floor_ratio_big"] is not None for row in rows)
+    header = ["workload", "ours / floor (raw batched as ours)"]
+    if big:
+        header += ["raw-big CPU s/GiB", "CPU ratio vs raw-big", "its floor", "ours / floor"]
+    lines = []
+    for row in rows:
+        clients = "1 client" if row["clients"] == 1 else f"{row['clients']} clients"
+        line = [
+            f"{human_bytes(row['size'])}, {clients}",
+            f"{row['cpu_ratio'] / row['cpu_floor_ratio']:.2f}",
+        ]
+        if big and row["cpu_floor_ratio_big"] is not None:
+            line += [
+                f"{row['raw_big_cpu_s_per_gib']:.2f}",
+                f"{row['cpu_ratio_big']:.2f}x",
+                f"{row['cpu_floor_ratio_big']:.2f}x",
+                f"{row['cpu_ratio_big'] / row['cpu_floor_ratio_big']:.2f}",
+            ]
+        lines.append(line + [""] * (len(header) - len(line)))
+    print("Our server's CPU per GiB over the floor (target <= 1.1 in every row):")
+    print(render(header, lines))
+    print()
 
 
 def print_report(
@@ -549,6 +598,7 @@ def print_report(
     # The RSS rows leave the CPU columns empty.
     print(render(header, [line + [""] * (len(header) - len(line)) for line in lines]))
     print()
+    print_floor_table(table)
     per_epoch = human_bytes(scale.total_bytes)
     print(
         f"ratio = ours / raw throughput of payload bytes (MiB/s = 2**20 B/s); median of "
@@ -638,6 +688,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="also time the verified read's CPU floor (builds a Rust example with cargo)",
     )
+    parser.add_argument(
+        "--raw-batch-mib",
+        type=float,
+        metavar="MIB",
+        help="also run a raw server holding the payloads in batches of MIB MiB whatever "
+        "their rows (an independent setup used 8), and the floor over it",
+    )
+    parser.add_argument("--raw-batch-bytes", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--raw-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sampling-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
@@ -652,7 +710,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.raw_server:
-        return common.serve_raw(args.count, args.payload_size)
+        return common.serve_raw(args.count, args.payload_size, args.raw_batch_bytes)
     if args.sampling_server:
         return common.serve_sampling(args.count, args.payload_size, args.workdir)
     scale = Scale.of(args.quick)
@@ -666,13 +724,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     writes: dict[int, float] = {}
     floors: dict[int, float] = {}
     floor_program = build_read_floor() if args.floor else None
+    big_batch_bytes = None if args.raw_batch_mib is None else int(args.raw_batch_mib * MIB)
     rss = None
     ttfb = None
     with common.scratch_dir(args.data_dir, "flight-") as workdir:
         pool = common.ClientPool(max(CLIENT_COUNTS))
         try:
             for size in args.sizes:
-                found, writes[size], floor = measure_size(size, scale, pool, workdir, floor_program)
+                found, writes[size], floor = measure_size(
+                    size, scale, pool, workdir, floor_program, big_batch_bytes
+                )
                 measurements += found
                 if floor is not None:
                     floors[size] = floor
