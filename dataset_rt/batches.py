@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Required, TypedDict
 
+import numpy as np
 import pyarrow as pa
 from typing_extensions import Unpack
 
@@ -32,6 +33,7 @@ __all__ = [
     "LoaderOptions",
     "StreamOptions",
     "Tagged",
+    "numpy_column",
     "numpy_columns",
     "process_group_share",
     "rank_blocks",
@@ -139,12 +141,81 @@ def numpy_columns(table: pa.Table) -> dict[str, Any]:
     take them without a copy of their own), other columns (the payload) as lists."""
     columns: dict[str, Any] = {}
     for name, array in zip(table.schema.names, table.columns, strict=True):
-        kind = array.type
-        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-            columns[name] = array.to_numpy().copy()
+        if _is_number_or_bool(array.type):
+            columns[name] = numpy_column(array)
         else:
             columns[name] = array.to_pylist()
     return columns
+
+
+def numpy_column(array: pa.Array | pa.ChunkedArray) -> np.ndarray[Any, Any]:
+    """An integer, floating-point or boolean column as a new, writable NumPy
+    array, equal to pyarrow's ``array.to_numpy(zero_copy_only=False)``: an
+    integer column with nulls becomes float64 with NaN at the nulls, a
+    floating-point one keeps its type with NaN there, a boolean one with nulls
+    becomes an object array with None there.
+
+    Without pandas: pyarrow's ``to_numpy`` converts through its pandas code,
+    which imports pandas (over a second) for some arrays, in every process that
+    makes a batch (a DataLoader worker, at its first batch). Here numbers cross
+    through DLPack (``np.from_dlpack``: the values buffer as Arrow holds it,
+    its offset applied, copied once into the result), booleans and null masks
+    are read from their bits (``np.unpackbits`` from the array's offset). A
+    chunk with nulls crosses without its validity bitmap, which DLPack refuses,
+    and its nulls are written over afterwards.
+    """
+    kind = array.type
+    if not _is_number_or_bool(kind):
+        raise InvalidArgumentError(
+            f"numpy_column converts integer, floating-point and boolean columns; got {kind} "
+            f"(other columns are handed out as lists: numpy_columns)"
+        )
+    chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+    if pa.types.is_boolean(kind):
+        dtype: np.dtype[Any] = np.dtype(object if array.null_count else np.bool_)
+    elif pa.types.is_integer(kind) and array.null_count:
+        dtype = np.dtype(np.float64)
+    else:
+        dtype = np.dtype(kind.to_pandas_dtype())  # a NumPy type: no pandas involved
+    out = np.empty(len(array), dtype=dtype)
+    start = 0
+    for chunk in chunks:
+        stop = start + len(chunk)
+        if stop > start:
+            _fill(out[start:stop], chunk)
+        start = stop
+    return out
+
+
+def _is_number_or_bool(kind: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+    )
+
+
+def _fill(out: np.ndarray[Any, Any], chunk: pa.Array) -> None:
+    """Write ``chunk`` (not empty) into ``out``, its nulls as NaN or None."""
+    length, offset = len(chunk), chunk.offset
+    validity, values = chunk.buffers()[:2]
+    if pa.types.is_boolean(chunk.type):
+        out[:] = _bits(values, offset, length)
+    elif chunk.null_count == 0:
+        out[:] = np.from_dlpack(chunk)
+    else:
+        # The same values without the validity bitmap (zero-copy): DLPack
+        # takes only arrays without nulls.
+        bare = pa.Array.from_buffers(chunk.type, length, [None, values], 0, offset)
+        out[:] = np.from_dlpack(bare)
+    if chunk.null_count:
+        out[~_bits(validity, offset, length)] = None if out.dtype == object else np.nan
+
+
+def _bits(buffer: pa.Buffer, offset: int, length: int) -> np.ndarray[Any, Any]:
+    """Bits ``offset .. offset + length`` of an Arrow bitmap (least significant
+    bit first) as booleans."""
+    skip = offset % 8
+    data = np.frombuffer(buffer, dtype=np.uint8, count=(skip + length + 7) // 8, offset=offset // 8)
+    return np.unpackbits(data, count=skip + length, bitorder="little")[skip:].view(np.bool_)
 
 
 class BatchLoader:

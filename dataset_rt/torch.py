@@ -14,7 +14,9 @@ world size and any worker count. See docs/training.md.
 
 Workers are started with the ``forkserver`` method (``spawn`` where that is
 missing), never ``fork``: a process that has used a gRPC client (any training
-script that talked to a Flight server first) cannot fork safely.
+script that talked to a Flight server first) cannot fork safely. A loader with
+workers starts the forkserver when it is built (`_start_server`), so that its
+imports overlap the trainer's own start.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import importlib.util
 import itertools
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import select
 import shutil
@@ -146,6 +148,10 @@ class DatasetLoader(BatchLoader):
             log_input_every=log_input_every,
             **options,
         )
+        if self.num_workers and not _bootstrapping():
+            # The workers' forkserver starts now, while the trainer goes on
+            # building its model, instead of at the first `iter()`.
+            _start_server(self.multiprocessing_context)
 
     # -- agreement across ranks -------------------------------------------------------
 
@@ -249,7 +255,7 @@ class DatasetLoader(BatchLoader):
         )
 
     def _batches(self) -> Iterator[Tagged]:
-        if self.num_workers and getattr(multiprocessing.current_process(), "_inheriting", False):
+        if self.num_workers and _bootstrapping():
             # Python's own check would say only "bootstrapping phase".
             raise InvalidArgumentError(MAIN_GUARD)
         if not (self.num_workers and self.persistent_workers):
@@ -476,23 +482,44 @@ def _default_start_method() -> str:
     return "forkserver" if "forkserver" in methods else "spawn"
 
 
+def _bootstrapping() -> bool:
+    """This process is a worker importing the training script (forkserver and
+    spawn workers do): a loader built there must start nothing (`MAIN_GUARD`)."""
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+def _start_server(method: str) -> None:
+    """With ``forkserver``: set what the server imports before it forks workers
+    (`_PRELOAD`) and start it unless it runs, without waiting for it.
+
+    ``ensure_running`` returns once the server process is spawned, so its
+    import of torch, pyarrow and the engine (about a second) overlaps whatever
+    the trainer does between building a loader and iterating it; a loader
+    calls this when it is built. Otherwise the DataLoader would start the
+    server at the first ``iter()``, and the first batch would wait for those
+    imports. One server serves every loader of the process (it is
+    multiprocessing's); if it has died, it is started again.
+    """
+    if method == "forkserver":
+        multiprocessing.get_context(method).set_forkserver_preload(_PRELOAD)
+        multiprocessing.forkserver.ensure_running()
+
+
 def _worker_context(method: str) -> Any:
     """The multiprocessing context of the workers. A forkserver imports this
     module (torch, pyarrow, the engine) before it forks, so starting workers
     takes milliseconds instead of seconds (a loader starts them at every epoch
     and population switch); it loads no gRPC client, so its children are safe.
     Its queues have wide pipes (`_wide_queues`)."""
-    if method == "forkserver":
-        multiprocessing.get_context(method).set_forkserver_preload(_PRELOAD)
+    _start_server(method)
     base: Any = type(multiprocessing.get_context(method))
     return _wide_queues(base)()
 
 
 #: What the forkserver imports before it forks workers: this module (torch,
-#: pyarrow, the engine) and, where it is installed, pandas, which pyarrow
-#: imports at a process's first conversion of an array (1.2-1.5 s here, paid by
-#: every new worker at its first batch otherwise).
-_PRELOAD = [__name__] + (["pandas"] if importlib.util.find_spec("pandas") else [])
+#: pyarrow, the engine). Not pandas: no worker needs it, as columns become
+#: NumPy arrays without it (`dataset_rt.batches.numpy_column`).
+_PRELOAD = [__name__]
 
 #: The pipe of a worker queue: the kernel's default is 64 KiB, so a batch of a
 #: few hundred KiB crossed it in several wake-ups of the worker and the trainer
