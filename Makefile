@@ -1,6 +1,6 @@
 # One command runner for developers, the pre-commit hook (.pre-commit-config.yaml)
 # and CI (.ci/run): each check is written here once.
-.PHONY: develop sync sync-torch test test-rust test-python test-scale e2e lint lint-rust lint-python stubtest \
+.PHONY: develop sync sync-torch sync-all test test-rust test-python test-scale e2e lint lint-rust lint-python stubtest \
         probe ci fmt bench bench-peers demo serve
 
 # Rebuild the extension in place (incremental release build) for a fast loop.
@@ -18,6 +18,10 @@ sync:
 # `uv run` keeps them installed afterwards.
 sync-torch:
 	uv sync --locked --group torch
+
+# What CI installs: PyTorch and Ray (a real local Ray cluster for tests/ray/).
+sync-all:
+	uv sync --locked --group torch --group ray
 
 test: test-rust test-python
 
@@ -59,7 +63,7 @@ probe:
 	cargo build --release -p flight_probe
 
 # Everything CI runs but the container suite, in CI's order.
-ci: lint-rust test-rust sync-torch lint-python probe test-python
+ci: lint-rust test-rust sync-all lint-python probe test-python
 
 fmt:
 	cargo fmt --all

@@ -79,6 +79,35 @@ def _upload(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remove_uncommitted(args: argparse.Namespace) -> int:
+    """Remove the parts of a dataset location that no committed descriptor names."""
+    from dataset_rt.parts import remove_uncommitted
+
+    removal = remove_uncommitted(
+        args.location, min_age_seconds=args.min_age_seconds, dry_run=args.dry_run
+    )
+    verb = "would remove" if args.dry_run else "removed"
+    for part in removal.parts:
+        print(f"{verb}: {part}")
+    for part in removal.recent:
+        print(f"kept (written less than {args.min_age_seconds:g} s ago): {part}")
+    print(
+        f"ok: {args.location}: {verb} {len(removal.parts)} uncommitted parts "
+        f"({_human_bytes(removal.bytes)}), kept {len(removal.recent)} recent ones"
+    )
+    return 0
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0.0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _load_sources(spec: str) -> list[object]:
     """``module:attr`` -> the sources it names (an instance, a class, a factory or a list)."""
     import importlib
@@ -114,12 +143,12 @@ def _import(args: argparse.Namespace) -> int:
     """Write a cache from Parquet; bad input (path, column, type, name, an existing
     cache of other records) exits 2, an existing cache of the same records is reused."""
     from dataset_rt.config import WriterConfig
-    from dataset_rt.runtime import DatasetRuntime, _write_arrow_cache
+    from dataset_rt.runtime import DatasetRuntime, write_arrow_cache
 
     try:
         _native.validate_source_name(args.name)
         runtime = DatasetRuntime(num_workers=args.num_workers)
-        path, reused = _write_arrow_cache(
+        path, reused = write_arrow_cache(
             runtime.native,
             args.path,
             args.base_dir,
@@ -247,6 +276,24 @@ def _parser() -> argparse.ArgumentParser:
     upload.add_argument("cache", type=Path, help="a cache directory")
     upload.add_argument("url", help="s3://BUCKET/PREFIX (the cache goes to URL/NAME)")
     upload.set_defaults(run=_upload)
+    remove_help = (
+        "remove the parts at a dataset LOCATION (a directory or s3://BUCKET/PREFIX) that no "
+        "committed descriptor names: what a crashed or abandoned parallel write left "
+        "(docs/distributed.md); parts written in the last --min-age-seconds are kept, as a "
+        "write may still be running"
+    )
+    remove = commands.add_parser("remove-uncommitted", help=remove_help, description=remove_help)
+    remove.add_argument("location", help="the dataset's directory or s3://BUCKET/PREFIX")
+    remove.add_argument(
+        "--min-age-seconds",
+        type=_non_negative_float,
+        default=3600.0,
+        help="keep parts with an object younger than this (default 3600)",
+    )
+    remove.add_argument(
+        "--dry-run", action="store_true", help="list what would be removed, remove nothing"
+    )
+    remove.set_defaults(run=_remove_uncommitted)
     add_audit_parser(commands)
     demo_help = "write a demo cache (or reuse it), reweight it with Polars, read a balanced epoch"
     demo = commands.add_parser("demo", help=demo_help, description=demo_help)

@@ -56,13 +56,20 @@ class CachedDataset:
 
     @classmethod
     def _open(
-        cls, runtime: _native.Runtime, paths: Sequence[Path], config: ReaderConfig
+        cls,
+        runtime: _native.Runtime,
+        paths: Sequence[Path | str],
+        config: ReaderConfig,
+        mirror_dir: str | None = None,
     ) -> CachedDataset:
         dataset = cls.__new__(cls)
-        dataset.cache_paths = list(paths)
         dataset.reader_config = config
         dataset._num_workers = runtime.num_workers
-        dataset._engine = _native.Dataset(runtime, [str(p) for p in paths], config.options)
+        dataset._engine = _native.Dataset(
+            runtime, [str(p) for p in paths], config.options, mirror_dir
+        )
+        # The caches themselves: a dataset of many caches stands for its caches.
+        dataset.cache_paths = [Path(p) for p in dataset._engine.cache_dirs]
         return dataset
 
     @property

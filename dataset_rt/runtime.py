@@ -195,7 +195,7 @@ class DatasetRuntime:
             )
         try:
             _native.validate_source_name(name)
-            path, _ = _write_arrow_cache(
+            path, _ = write_arrow_cache(
                 self._native, data, Path(base_dir), name, payload_column, config, batch_size
             )
         except DatasetRTError as error:
@@ -254,6 +254,30 @@ class DatasetRuntime:
                 f"reader_config must be a ReaderConfig, got {type(reader_config).__name__}"
             )
         return CachedDataset._open(self._native, [Path(p) for p in paths], reader_config)
+
+    def open_dataset(
+        self,
+        location: str | os.PathLike[str],
+        *,
+        reader_config: ReaderConfig,
+        mirror_dir: str | os.PathLike[str] | None = None,
+    ) -> CachedDataset:
+        """Open the dataset at ``location`` as one dataset over all its caches.
+
+        ``location`` is a directory or ``s3://BUCKET/PREFIX`` holding a committed
+        dataset of many caches (`dataset_rt.parts`, docs/distributed.md), or one
+        cache. Each cache is checked to be the one the dataset's descriptor names.
+        A dataset on object storage is read through ``mirror_dir``, a local
+        directory that holds what was fetched. Raises `NotFoundError`,
+        `CorruptCacheError` (a damaged descriptor or cache) or
+        `InvalidArgumentError`.
+        """
+        if not isinstance(reader_config, ReaderConfig):
+            raise InvalidArgumentError(
+                f"reader_config must be a ReaderConfig, got {type(reader_config).__name__}"
+            )
+        mirror = None if mirror_dir is None else os.fspath(mirror_dir)
+        return CachedDataset._open(self._native, [os.fspath(location)], reader_config, mirror)
 
     def from_cache_sources(
         self,
@@ -385,7 +409,7 @@ def _checked_writer_config(config: object) -> WriterConfig:
     return config
 
 
-def _write_arrow_cache(
+def write_arrow_cache(
     runtime: _native.Runtime,
     data: ArrowData,
     base_dir: Path,

@@ -21,7 +21,10 @@ from test_readme import _matches
 
 REPO_EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # Run elsewhere, and why: they need more than `python example.py`.
-RUN_ELSEWHERE = {"train_ddp.py": "needs torchrun and a server: tests/training/test_guide.py"}
+RUN_ELSEWHERE = {
+    "train_ddp.py": "needs torchrun and a server: tests/training/test_guide.py",
+    "ray_write.py": "needs Ray: tests/on_ray/test_example.py",
+}
 EXAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "examples"
 BALANCE = EXAMPLES / "balance.py"
 # The docstring's documented output: the indented block after a line that ends

@@ -12,6 +12,9 @@ pub enum Repair {
     Cache,
     /// A population store's file (a population's table or rows file).
     Population,
+    /// A dataset of many caches: its descriptor, or a cache it names that is
+    /// not the cache it was committed with.
+    Dataset,
 }
 
 impl Repair {
@@ -19,6 +22,7 @@ impl Repair {
         match self {
             Repair::Cache => "cache file",
             Repair::Population => "population file",
+            Repair::Dataset => "dataset",
         }
     }
 
@@ -35,6 +39,12 @@ impl Repair {
                  .arrow and .rows; on object storage, this replica's mirrored copies, which \
                  are fetched again) and put its table again if the store has no good copy; \
                  other populations and the active pointer are not affected"
+            }
+            Repair::Dataset => {
+                "a dataset is committed once and never changed in place, so write it again \
+                 at a new location (docs/distributed.md); the parts of the damaged one are \
+                 removed with `python -m dataset_rt remove-uncommitted` once its descriptor \
+                 is deleted"
             }
         }
     }
@@ -137,6 +147,15 @@ impl Error {
             path: path.as_ref().to_path_buf(),
             detail: detail.into(),
             repair: Repair::Cache,
+        }
+    }
+
+    /// A damaged dataset of many caches (`storage::descriptor`).
+    pub fn corrupt_dataset(path: impl AsRef<Path>, detail: impl Into<String>) -> Self {
+        Error::CorruptCache {
+            path: path.as_ref().to_path_buf(),
+            detail: detail.into(),
+            repair: Repair::Dataset,
         }
     }
 

@@ -72,6 +72,15 @@ pub struct Bucket {
     freshness: Duration,
 }
 
+/// One object of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Relative to the bucket's prefix.
+    pub name: String,
+    pub size: u64,
+    pub modified: std::time::SystemTime,
+}
+
 /// How stale a replica's view of a bucket's small mutable state (the active
 /// pointer, a run's generations) may be: one listing per second at most.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -294,6 +303,19 @@ impl Bucket {
 
     /// `list` with each object's size in bytes.
     pub fn list_sized(&self, prefix: &str, after: Option<&str>) -> Result<Vec<(String, u64)>> {
+        Ok(self
+            .listed(prefix, after)?
+            .into_iter()
+            .map(|object| (object.name, object.size))
+            .collect())
+    }
+
+    /// The objects below `prefix` with their sizes and modification times.
+    pub fn list_modified(&self, prefix: &str) -> Result<Vec<Listed>> {
+        self.listed(prefix, None)
+    }
+
+    fn listed(&self, prefix: &str, after: Option<&str>) -> Result<Vec<Listed>> {
         let prefix_key = self.key(prefix);
         let listed = block_on(async {
             let stream = match after {
@@ -305,7 +327,7 @@ impl Bucket {
             stream.collect::<Vec<_>>().await
         })?;
         let root = self.root.as_ref();
-        let mut names = Vec::with_capacity(listed.len());
+        let mut objects = Vec::with_capacity(listed.len());
         for meta in listed {
             let meta = meta.map_err(|e| self.error("list", prefix, e))?;
             let full = meta.location.as_ref();
@@ -316,10 +338,14 @@ impl Bucket {
                     .and_then(|n| n.strip_prefix('/'))
                     .unwrap_or(full)
             };
-            names.push((name.to_string(), meta.size));
+            objects.push(Listed {
+                name: name.to_string(),
+                size: meta.size,
+                modified: meta.last_modified.into(),
+            });
         }
-        names.sort();
-        Ok(names)
+        objects.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(objects)
     }
 
     /// Upload the file at `path` as `name`, streamed in parts when large; the

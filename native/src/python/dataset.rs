@@ -123,18 +123,27 @@ impl Dataset {
 
 #[pymethods]
 impl Dataset {
+    /// `paths`: cache directories, datasets of many caches (a directory or
+    /// prefix holding a descriptor) and caches on object storage, the latter
+    /// read through `mirror_dir`.
     #[new]
+    #[pyo3(signature = (runtime, paths, options, mirror_dir=None))]
     fn new(
         py: Python<'_>,
         runtime: &Runtime,
         paths: Vec<PathBuf>,
         options: &ReaderOptions,
+        mirror_dir: Option<PathBuf>,
     ) -> PyResult<Self> {
         let order = StreamOrder::new(options.shuffle, options.seed);
         let verify = options.validate_cache;
         let inner = py
             .detach(|| {
-                let caches = Arc::new(CacheSet::open(&paths, verify)?);
+                let caches = Arc::new(CacheSet::open_mirrored(
+                    &paths,
+                    verify,
+                    mirror_dir.as_deref(),
+                )?);
                 EngineDataset::new(caches, order)
             })
             .py()?;
@@ -159,6 +168,14 @@ impl Dataset {
     #[getter]
     fn cache_ids(&self) -> Vec<u64> {
         self.inner.caches().cache_ids()
+    }
+
+    /// The directory of each cache, in the same order (a dataset of many
+    /// caches stands for its caches; a cache on object storage is its mirror).
+    #[getter]
+    fn cache_dirs(&self) -> Vec<PathBuf> {
+        let caches = self.inner.caches().caches();
+        caches.iter().map(|c| c.dir().to_path_buf()).collect()
     }
 
     #[getter]

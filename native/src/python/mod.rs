@@ -12,6 +12,7 @@ mod errors;
 mod ingest;
 mod json;
 mod partition;
+mod parts;
 mod request;
 mod run_action;
 mod run_options;
@@ -95,6 +96,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::upload_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cache::set_mirror_budget, m)?)?;
     m.add_function(wrap_pyfunction!(cache::inspect_cache, m)?)?;
+    m.add_class::<parts::PartTarget>()?;
+    m.add_function(wrap_pyfunction!(parts::absolute_location, m)?)?;
+    m.add_function(wrap_pyfunction!(parts::commit_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(parts::read_descriptor, m)?)?;
+    m.add_function(wrap_pyfunction!(parts::remove_uncommitted, m)?)?;
     errors::register(m)?;
     Ok(())
 }

@@ -15,11 +15,13 @@
 mod cache;
 mod codec;
 mod columnar;
+pub mod descriptor;
 mod direct;
 mod gather;
 mod index;
 mod lend;
 mod live;
+pub mod location;
 mod manifest;
 mod metadata_out;
 pub mod mirror;

@@ -9,6 +9,9 @@ use std::sync::Arc;
 use super::Cache;
 use crate::error::{Error, Result};
 use crate::remote::Bucket;
+use crate::storage::descriptor::Descriptor;
+use crate::storage::hex64;
+use crate::storage::location::Location;
 use crate::storage::schema::ColumnSpec;
 
 /// The caches of one dataset, addressable by position or by `cache_id`.
@@ -24,27 +27,41 @@ impl CacheSet {
     }
 
     /// `open`, where a location may also be a cache on object storage
-    /// (`s3://bucket/prefix/name`), read through the directory `mirror`.
+    /// (`s3://bucket/prefix/name`), read through the directory `mirror`, or a
+    /// dataset of many caches (a directory or prefix holding a dataset
+    /// descriptor, `storage::descriptor`), which stands for its caches in its
+    /// order, each checked to be the cache it names.
     pub fn open_mirrored(
         locations: &[PathBuf],
         verify_shards: bool,
         mirror: Option<&Path>,
     ) -> Result<Self> {
-        let caches = locations
-            .iter()
-            .map(|location| {
-                let url = location.to_str().filter(|s| crate::remote::is_url(s));
-                match (url, mirror) {
-                    (None, _) => Cache::open(location, verify_shards),
-                    (Some(url), Some(mirror)) => Cache::open_remote(&Bucket::open(url)?, mirror),
-                    (Some(url), None) => Err(Error::invalid(format!(
-                        "the cache {url} is on object storage: give a mirror directory to \
-                         read it through"
-                    ))),
+        let mut caches = Vec::new();
+        for text in locations {
+            let location = Location::parse(&text.to_string_lossy())?;
+            location.check_mirror(mirror)?;
+            match Descriptor::read(&location)? {
+                None => caches.push(Arc::new(open_one(&location, verify_shards, mirror)?)),
+                Some(descriptor) => {
+                    for (at, cache_id) in descriptor.caches_at(&location) {
+                        let cache = open_one(&at, verify_shards, mirror)?;
+                        if cache.cache_id() != cache_id {
+                            return Err(Error::corrupt_dataset(
+                                cache.dir(),
+                                format!(
+                                    "the dataset {location} names the cache {} here, and this is cache {}: it \
+                                     was replaced after the dataset was committed; write the \
+                                     dataset again",
+                                    hex64(cache_id),
+                                    hex64(cache.cache_id())
+                                ),
+                            ));
+                        }
+                        caches.push(Arc::new(cache));
+                    }
                 }
-                .map(Arc::new)
-            })
-            .collect::<Result<Vec<_>>>()?;
+            }
+        }
         Self::new(caches)
     }
 
@@ -109,6 +126,18 @@ impl CacheSet {
     /// The error for a shard of this set that a read found cut short, if any.
     pub fn truncation(&self) -> Option<Error> {
         self.caches.iter().find_map(|c| c.truncation())
+    }
+}
+
+/// One cache: in place, or on object storage through `mirror`.
+fn open_one(location: &Location, verify_shards: bool, mirror: Option<&Path>) -> Result<Cache> {
+    location.check_mirror(mirror)?;
+    match (location, mirror) {
+        (Location::Dir(dir), _) => Cache::open(dir, verify_shards),
+        (Location::Bucket(url), Some(mirror)) => Cache::open_remote(&Bucket::open(url)?, mirror),
+        (Location::Bucket(url), None) => Err(Error::internal(format!(
+            "{url}: a cache on object storage reached open_one without a mirror"
+        ))),
     }
 }
 
