@@ -1,6 +1,6 @@
 # One command runner for developers, the pre-commit hook (.pre-commit-config.yaml)
 # and CI (.ci/run): each check is written here once.
-.PHONY: develop sync sync-torch sync-all test test-rust test-python test-scale e2e lint lint-rust lint-python stubtest \
+.PHONY: develop sync sync-torch sync-all test test-rust test-python test-scale test-ray e2e lint lint-rust lint-python stubtest \
         probe ci fmt bench bench-peers demo serve
 
 # Rebuild the extension in place (incremental release build) for a fast loop.
@@ -36,6 +36,11 @@ test-python:
 # (about 2 minutes and 40 GB of disk; skipped, saying why, with less disk).
 test-scale:
 	uv run pytest -m slow -ra tests/flight/test_scale.py
+
+# Issue 48's heavy Ray suite: Ray Train runs killed and resumed on a local
+# two-node Ray cluster, audited (about 3 minutes).
+test-ray:
+	uv run pytest -m slow -ra tests/on_ray
 
 # The container suite (needs a Docker engine with Compose).
 e2e:

@@ -28,9 +28,10 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         if os.environ.get("CI"):
             pytest.fail("CI must run the Ray suites; install the ray group (make sync-all)")
         pytest.skip("Ray is not installed; `uv sync --group ray` (make sync-all) installs it")
-    # Two nodes of one CPU each: two write tasks run at once, one per node.
+    # Two nodes of two (logical) CPUs each: three Ray Train workers fit, and write
+    # tasks spread over both nodes.
     node = {
-        "num_cpus": 1,
+        "num_cpus": 2,
         "object_store_memory": 256 << 20,
         "include_dashboard": False,
     }

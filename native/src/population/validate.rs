@@ -237,35 +237,35 @@ fn check_stored_column(
     let mismatch = match dtype {
         MetaType::Int64 => {
             let got = column.as_primitive::<Int64Type>();
-            let want = stored::<Int64Array>(caches, k)?;
+            let (first, want) = stored::<Int64Array>(caches, k, cache_index)?;
             first_mismatch(rows, |row, ci, sid| {
-                let (a, b) = (got.value(row), want[ci].value(sid));
+                let (a, b) = (got.value(row), want[ci - first].value(sid));
                 (a != b).then(|| (a.to_string(), b.to_string()))
             })
         }
         MetaType::Float64 => {
             let got = column.as_primitive::<Float64Type>();
-            let want = stored::<Float64Array>(caches, k)?;
+            let (first, want) = stored::<Float64Array>(caches, k, cache_index)?;
             first_mismatch(rows, |row, ci, sid| {
-                let (a, b) = (got.value(row), want[ci].value(sid));
+                let (a, b) = (got.value(row), want[ci - first].value(sid));
                 let same = a == b || a.to_bits() == b.to_bits();
                 (!same).then(|| (a.to_string(), b.to_string()))
             })
         }
         MetaType::Bool => {
             let got: &BooleanArray = column.as_boolean();
-            let want = stored::<BooleanArray>(caches, k)?;
+            let (first, want) = stored::<BooleanArray>(caches, k, cache_index)?;
             first_mismatch(rows, |row, ci, sid| {
-                let (a, b) = (got.value(row), want[ci].value(sid));
+                let (a, b) = (got.value(row), want[ci - first].value(sid));
                 (a != b).then(|| (a.to_string(), b.to_string()))
             })
         }
         MetaType::String => {
             let utf8 = arrow_cast::cast(column, &DataType::Utf8)?;
             let got: &StringArray = utf8.as_string::<i32>();
-            let want = stored::<StringArray>(caches, k)?;
+            let (first, want) = stored::<StringArray>(caches, k, cache_index)?;
             first_mismatch(rows, |row, ci, sid| {
-                let (a, b) = (got.value(row), want[ci].value(sid));
+                let (a, b) = (got.value(row), want[ci - first].value(sid));
                 (a != b).then(|| (format!("{a:?}"), format!("{b:?}")))
             })
         }
@@ -285,12 +285,23 @@ fn check_stored_column(
     Ok(())
 }
 
-/// Stored column `k` of every cache, read by sample id.
-fn stored<A: Array + 'static>(caches: &[Arc<Cache>], k: usize) -> Result<Vec<TypedColumn<'_, A>>> {
-    caches
+/// Stored column `k` of the caches from the lowest to the highest index that
+/// `cache_index` names (and that lowest index), read by sample id: a batch of
+/// one cache builds one column, not one per cache of the dataset (a dataset of
+/// 10^4 caches is validated batch by batch, one cache at a time, at open).
+fn stored<'c, A: Array + 'static>(
+    caches: &'c [Arc<Cache>],
+    k: usize,
+    cache_index: &[u32],
+) -> Result<(usize, Vec<TypedColumn<'c, A>>)> {
+    let (Some(&low), Some(&high)) = (cache_index.iter().min(), cache_index.iter().max()) else {
+        return Ok((0, Vec::new()));
+    };
+    let columns = caches[low as usize..=high as usize]
         .iter()
         .map(|c| c.metadata().typed::<A>(k + 1))
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok((low as usize, columns))
 }
 
 /// Scan rows; `differs(row, cache, sample)` returns (table value, cache value)
