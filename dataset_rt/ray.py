@@ -6,9 +6,11 @@
     from dataset_rt.ray import CacheDatasink
 
     ds = ray.data.read_parquet("s3://raw/images/").map_batches(preprocess)
-    sink = CacheDatasink("s3://caches/train", name="train", payload_column="pixels")
-    ds.write_datasink(sink)
-    sink.committed.location   # serve it: python -m flight_server --dataset train=...
+    committed = write_dataset(ds, "s3://caches/train", name="train", payload_column="pixels")
+    committed.location   # serve it: python -m flight_server --dataset train=...
+
+(`write_dataset` is ``ds.write_datasink(CacheDatasink(...))`` that also records the
+files Ray read the input from in the descriptor.)
 
 Each write task writes its blocks as one part (`dataset_rt.parts`): an immutable cache
 named ``part-<task index>``, written by the columnar writer in bounded memory, so a
@@ -37,7 +39,7 @@ from dataset_rt.errors import InvalidArgumentError
 from dataset_rt.parts import Committed, DatasetWrite, Part
 from dataset_rt.runtime import DatasetRuntime
 
-__all__ = ["CacheDatasink", "part_name"]
+__all__ = ["CacheDatasink", "part_name", "write_dataset"]
 
 _runtime: DatasetRuntime | None = None
 
@@ -131,3 +133,39 @@ class CacheDatasink(Datasink[Part | None]):
         """On the driver, once every task returned: commit one descriptor over the parts."""
         parts = [p for p in write_result.write_returns if p is not None]
         self.committed = self._write.commit(parts, name=self._name, input=self._input)
+
+
+def write_dataset(
+    ds: Any,
+    location: str | os.PathLike[str],
+    *,
+    name: str,
+    payload_column: str,
+    input: Mapping[str, Any] | None = None,
+    writer_config: WriterConfig = DEFAULT_WRITER_CONFIG,
+    scratch_dir: str | os.PathLike[str] | None = None,
+    concurrency: int | None = None,
+) -> Committed:
+    """Write the Ray ``Dataset`` ``ds`` as the dataset ``name`` at ``location``.
+
+    ``ds.write_datasink(CacheDatasink(...))``, and what Ray knows of where ``ds``
+    was read from goes into the descriptor's ``input``: the files
+    (``ds.input_files()``, from the plan, without running it), beside whatever
+    ``input`` holds (a table's snapshot id, say). Returns the commit.
+    """
+    recorded = dict(input) if input is not None else {}
+    files = ds.input_files()
+    if files:  # empty when Ray lists files only as it runs (its datasource V2 readers)
+        recorded.setdefault("files", [str(f) for f in files])
+    sink = CacheDatasink(
+        location,
+        name=name,
+        payload_column=payload_column,
+        input=recorded or None,
+        writer_config=writer_config,
+        scratch_dir=scratch_dir,
+    )
+    ds.write_datasink(sink, concurrency=concurrency)
+    if sink.committed is None:  # write_datasink returns only after on_write_complete
+        raise RuntimeError("Ray finished the write without committing it")
+    return sink.committed

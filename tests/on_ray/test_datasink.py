@@ -14,7 +14,7 @@ import dataset_rt as drt
 from dataset_rt.parts import DatasetWrite, read_descriptor
 
 ray = pytest.importorskip("ray")
-from dataset_rt.ray import CacheDatasink, part_name  # noqa: E402
+from dataset_rt.ray import CacheDatasink, part_name, write_dataset  # noqa: E402
 
 READER = drt.ReaderConfig(seed=0, shuffle=False)
 QUIET = drt.WriterConfig(show_progress=False)
@@ -152,3 +152,35 @@ def test_bad_sink_arguments_fail_on_the_driver(ray_cluster: Any, tmp_path: Path)
     with pytest.raises(Exception, match="no_such_column"):
         ds.write_datasink(sink)
     assert read_descriptor(tmp_path / "set") is None
+
+
+def test_the_files_ray_read_are_recorded_in_the_descriptor(
+    ray_cluster: Any, tmp_path: Path, runtime: drt.DatasetRuntime
+) -> None:
+    import pyarrow.parquet as pq
+
+    (tmp_path / "raw").mkdir()
+    files = []
+    for i, block in enumerate(source_blocks()):
+        files.append(tmp_path / "raw" / f"{i}.parquet")
+        pq.write_table(block, files[-1])
+    # Ray 2.60's default Parquet reader (datasource V2) lists the files when it
+    # runs and does not expose them; its V1 reader names them in the plan.
+    context = ray.data.DataContext.get_current()
+    context.use_datasource_v2 = False
+    try:
+        ds = ray.data.read_parquet(str(tmp_path / "raw"))
+    finally:
+        context.use_datasource_v2 = True
+    committed = write_dataset(
+        ds, tmp_path / "set", name="images", payload_column="image", input={"snapshot": 3}
+    )
+    assert committed.records == ROWS
+    recorded = committed.descriptor["input"]
+    assert recorded["snapshot"] == 3
+    assert sorted(Path(f).name for f in recorded["files"]) == [f.name for f in files]
+    assert read_descriptor(tmp_path / "set") == committed.descriptor
+    dataset = runtime.open_dataset(tmp_path / "set", reader_config=READER)
+    assert sorted(payloads(dataset)) == sorted(
+        v for block in source_blocks() for v in block.column("image").to_pylist()
+    )

@@ -33,8 +33,9 @@ use crate::storage::hex64;
 pub const DESCRIPTOR: &str = "descriptor.json";
 pub const PARTS: &str = "parts";
 pub const FORMAT_VERSION: u32 = 1;
-/// A descriptor is small: about 100 bytes per cache, so this cap holds some
-/// 600,000 caches and keeps a hostile object from being read into memory.
+/// A descriptor is small: 141 bytes per cache (benchmarks/bench_distributed.py),
+/// so this cap holds some 475,000 caches and keeps a hostile object from being
+/// read into memory.
 pub const MAX_DESCRIPTOR_BYTES: u64 = 64 << 20;
 
 /// `descriptor.json`.
