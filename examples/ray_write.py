@@ -20,6 +20,13 @@ It prints:
 
 from __future__ import annotations
 
+import os
+
+# Before Ray is imported: Ray's workers run this interpreter (the environment
+# `uv sync --group ray` made). Under `uv run`, Ray would otherwise start them with
+# `uv run` in an environment of the project's default groups, which lacks Ray.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
 import argparse
 from typing import Any
 

@@ -17,6 +17,10 @@ import pytest
 # machine's address), so the cluster listens on and talks over 127.0.0.1 only.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Under `uv run pytest`, Ray would start its workers with `uv run` in an
+# environment of the project's default groups, which lacks Ray itself: they use
+# this interpreter (the environment `make sync-all` made) instead.
+os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +46,14 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     try:
         nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
         assert nodes == ["127.0.0.1", "127.0.0.1"], nodes
+        # Workers start and run a task on both nodes, or every test of the
+        # session fails now, saying so, instead of each waiting out its timeout.
+        ping = ray.remote(num_cpus=1)(lambda: ray.get_runtime_context().get_node_id())
+        try:
+            ran_on = ray.get([ping.remote() for _ in range(8)], timeout=120)
+        except Exception as error:
+            pytest.fail(f"the local Ray cluster cannot run a task: {error!r}")
+        assert len(ran_on) == 8
         yield cluster
     finally:
         ray.shutdown()
