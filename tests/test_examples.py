@@ -24,6 +24,7 @@ REPO_EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RUN_ELSEWHERE = {
     "train_ddp.py": "needs torchrun and a server: tests/training/test_guide.py",
     "ray_write.py": "needs Ray: tests/on_ray/test_example.py",
+    "ray_train.py": "needs Ray Train and a Ray cluster: tests/on_ray/test_train.py",
 }
 EXAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "examples"
 BALANCE = EXAMPLES / "balance.py"
