@@ -27,6 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dataset_rt import _native
+
 #: A dataset's ``served`` entries (`DatasetService.served`), by dataset name.
 Served = Callable[[str], list[dict[str, Any]]]
 #: A dataset's count of activation-log entries skipped as damaged or hostile.
@@ -239,6 +241,17 @@ class _ServedCollector(Collector):
             "Activation-log entries skipped as damaged or hostile (the entry before stays "
             "active; docs/operations.md)",
             labels=["dataset"],
+        )
+        requests, fetched = _native.object_store_reads()
+        yield CounterMetricFamily(
+            "datasetrt_object_store_read_requests",
+            "Read requests made of object storage (ranged GETs of records and shards)",
+            value=requests,
+        )
+        yield CounterMetricFamily(
+            "datasetrt_object_store_read_bytes",
+            "Bytes read from object storage (per byte served: datasetrt_bytes_served)",
+            value=fetched,
         )
         for dataset in self._datasets:
             for served in self._served(dataset):

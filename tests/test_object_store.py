@@ -94,6 +94,16 @@ def epoch(service: DatasetService, population: str | None = None) -> pa.Table:
         raise
 
 
+def arrived(mirror: Path, pattern: str) -> list[Path]:
+    """The files of ``mirror`` matching ``pattern`` once there are some: a shard is
+    fetched whole in the background once its records cost as much by range."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not (found := sorted(mirror.rglob(pattern))):
+        assert time.monotonic() < deadline, f"no {pattern} ever arrived in {mirror}"
+        time.sleep(0.05)
+    return found
+
+
 def wait_for_active(service: DatasetService, population: str) -> float:
     start = time.monotonic()
     while service.active().population != population:
@@ -437,8 +447,9 @@ def test_replicas_read_a_published_cache_through_their_mirrors(
     runtime: drt.DatasetRuntime, cache: Path, bucket: str, s3: Any, tmp_path: Path
 ) -> None:
     """No replica has the cache's directory: each reads it from the bucket through
-    its own mirror (manifest, index and metadata at open, a shard when first read),
-    and serves what a server over the local directory serves."""
+    its own mirror (manifest, index and metadata at open; records by range as the
+    stream needs them, and a shard smaller than what its requests cost whole, in
+    the background), and serves what a server over the local directory serves."""
     report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
     local = DatasetService(runtime.native, NAME, [str(cache)], str(tmp_path / "local"))
     state = f"s3://{bucket}/state"
@@ -447,8 +458,13 @@ def test_replicas_read_a_published_cache_through_their_mirrors(
     shards = list((tmp_path / "a").rglob("shard-*.bin"))
     assert shards == [], "shards are fetched when first read, not at open"
     expected = epoch(local)
+    requests, fetched = drt._native.object_store_reads()
     assert epoch(a).equals(expected)
-    assert list((tmp_path / "a").rglob("shard-*.bin"))
+    more_requests, more_fetched = drt._native.object_store_reads()
+    assert more_requests > requests, "counted for /metrics"
+    assert more_fetched > fetched
+    assert arrived(tmp_path / "a", "shard-*.bin")
+    assert epoch(a).equals(expected), "and is served from there alike"
     b = DatasetService(runtime.native, NAME, [report.url], state, mirror_dir=str(tmp_path / "b"))
     assert epoch(b).equals(expected)
     assert pa.table(b.metadata()).equals(pa.table(local.metadata()))
@@ -478,7 +494,7 @@ def test_a_damaged_mirror_copy_says_how_to_fetch_it_again(
     first = DatasetService(runtime.native, NAME, [report.url], state, mirror_dir=str(mirror))
     assert epoch(first).equals(expected)
     del first
-    (shard,) = (mirror / "caches").rglob("shard-00000.bin")
+    (shard,) = arrived(mirror, "shard-00000.bin")
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as Key;
 use object_store::{
@@ -407,18 +407,39 @@ impl Bucket {
     /// `download`, telling `received` of each piece of the object as it is
     /// written.
     pub fn download_counted(&self, name: &str, dest: &Path, received: &dyn Fn(u64)) -> Result<()> {
+        self.download_sized(name, None, dest, received)
+    }
+
+    /// `download` of an object whose size the caller knows (a shard, from
+    /// its manifest): its ranges are asked for at once, with no `HEAD` first.
+    pub fn download_known(&self, name: &str, size: u64, dest: &Path) -> Result<()> {
+        self.download_sized(name, Some(size), dest, &|_| {})
+    }
+
+    fn download_sized(
+        &self,
+        name: &str,
+        known: Option<u64>,
+        dest: &Path,
+        received: &dyn Fn(u64),
+    ) -> Result<()> {
         let dir = dest.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(dir).at("cannot create", dir)?;
         let temp = LockedTemp::create_file(dir, ".tmp-")?;
         let mut file = temp.file();
         let key = self.key(name);
         let fetched: Result<()> = block_on(async {
-            let size = self
-                .store
-                .head(&key)
-                .await
-                .map_err(|e| self.error("look up", name, e))?
-                .size;
+            let size = match known {
+                Some(size) => size,
+                None => {
+                    counters::request(0);
+                    self.store
+                        .head(&key)
+                        .await
+                        .map_err(|e| self.error("look up", name, e))?
+                        .size
+                }
+            };
             let ranges = (0..size.div_ceil(RANGE_BYTES))
                 .map(|i| i * RANGE_BYTES..((i + 1) * RANGE_BYTES).min(size));
             let mut parts = futures::stream::iter(ranges)
@@ -426,6 +447,7 @@ impl Bucket {
                 .buffered(PARTS_IN_FLIGHT);
             while let Some(part) = parts.next().await {
                 let part = part.map_err(|e| self.error("read", name, e))?;
+                counters::request(part.len() as u64);
                 file.write_all(&part).at("cannot write", temp.path())?;
                 received(part.len() as u64);
             }
@@ -440,12 +462,127 @@ impl Bucket {
         kept
     }
 
+    /// Start fetching bytes `range` of `name` now, in the background, among
+    /// at most `requests_in_flight()` ranged requests of the process; the
+    /// caller waits for them when it needs them (`Fetch::wait`).
+    pub fn fetch_range(&self, name: &str, range: std::ops::Range<u64>) -> Result<Fetch> {
+        let (store, key) = (self.store.clone(), self.key(name));
+        let len = range.end - range.start;
+        let task = runtime()?.spawn(async move {
+            let _permit = in_flight().acquire().await;
+            let got = store.get_range(&key, range).await;
+            if let Ok(bytes) = &got {
+                counters::request(bytes.len() as u64);
+            }
+            got.map_err(Arc::new)
+        });
+        Ok(Fetch {
+            bucket: self.clone(),
+            name: name.to_string(),
+            len,
+            task: task
+                .map(|joined| {
+                    joined.unwrap_or_else(|e| {
+                        Err(Arc::new(object_store::Error::JoinError { source: e }))
+                    })
+                })
+                .boxed()
+                .shared(),
+        })
+    }
+
     /// Remove `name` (no error when it is already gone).
     pub fn delete(&self, name: &str) -> Result<()> {
         match block_on(self.store.delete(&self.key(name)))? {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error("delete", name, e)),
         }
+    }
+}
+
+/// Ranged requests of the whole process in flight at once (planned reads,
+/// `fetch_range`): `DATASET_RT_REQUESTS_IN_FLIGHT`, 32 unless set. Enough to
+/// cover a store's latency at its bandwidth (64 KiB records at 1 ms each, 32
+/// at once: 2 GiB/s), few enough for one replica to stay a polite client.
+pub fn requests_in_flight() -> usize {
+    static LIMIT: OnceLock<usize> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("DATASET_RT_REQUESTS_IN_FLIGHT")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| (1..=4096).contains(&n))
+            .unwrap_or(32)
+    })
+}
+
+fn in_flight() -> &'static tokio::sync::Semaphore {
+    static SEMAPHORE: OnceLock<tokio::sync::Semaphore> = OnceLock::new();
+    SEMAPHORE.get_or_init(|| tokio::sync::Semaphore::new(requests_in_flight()))
+}
+
+type Fetched = std::result::Result<bytes::Bytes, Arc<object_store::Error>>;
+
+/// A ranged read started by `Bucket::fetch_range`: any number of readers may
+/// wait for it (`Clone`), the bytes are fetched once.
+#[derive(Clone)]
+pub struct Fetch {
+    bucket: Bucket,
+    name: String,
+    len: u64,
+    task: futures::future::Shared<futures::future::BoxFuture<'static, Fetched>>,
+}
+
+impl Fetch {
+    /// The bytes, once they have arrived (the store's error otherwise).
+    pub fn wait(&self) -> Result<bytes::Bytes> {
+        match block_on(self.task.clone())? {
+            Ok(bytes) if bytes.len() as u64 == self.len => Ok(bytes),
+            Ok(bytes) => Err(Error::Unavailable(format!(
+                "object storage answered a read of {} bytes with {}",
+                self.len,
+                bytes.len()
+            ))),
+            Err(e) => {
+                let error =
+                    Arc::try_unwrap(e).unwrap_or_else(|shared| object_store::Error::Generic {
+                        store: "object storage",
+                        source: shared.to_string().into(),
+                    });
+                Err(self.bucket.error("read", &self.name, error))
+            }
+        }
+    }
+
+    /// The length asked for.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// What this process asked of object storage: requests and bytes received,
+/// for the figures of a replica's load on its store (requests per GiB).
+pub mod counters {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    static REQUESTS: AtomicU64 = AtomicU64::new(0);
+    static BYTES: AtomicU64 = AtomicU64::new(0);
+
+    /// One read request answered with `bytes` bytes.
+    pub fn request(bytes: u64) {
+        REQUESTS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// (read requests, bytes received) since the process started.
+    pub fn read() -> (u64, u64) {
+        (
+            REQUESTS.load(Ordering::Relaxed),
+            BYTES.load(Ordering::Relaxed),
+        )
     }
 }
 

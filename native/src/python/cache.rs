@@ -55,10 +55,17 @@ pub fn upload_cache(
 }
 
 /// Bound the mirrors of caches on object storage in this process to `bytes`
-/// of shards, evicting the least recently used (0: no bound).
+/// of shards (0: no bound; `storage::mirror`).
 #[pyfunction]
 pub fn set_mirror_budget(bytes: u64) {
     crate::storage::mirror::set_budget(bytes);
+}
+
+/// Read requests this process made of object storage and the bytes they
+/// brought, since it started: `(requests, bytes)`.
+#[pyfunction]
+pub fn object_store_reads() -> (u64, u64) {
+    crate::remote::counters::read()
 }
 
 /// One payload shard of a cache.

@@ -1,17 +1,20 @@
 //! The size bound of a replica's mirror of caches on object storage.
 //!
-//! Shards are fetched whole into the mirror when first read
-//! (`Cache::open_remote`). When a fetch takes the shards of the mirror past
-//! the budget, the least recently fetched or opened others are deleted until
-//! it fits again. A deleted shard that an open cache still maps stays
-//! readable through its mapping; the server notices the file is gone
-//! (`LiveCaches`), reopens the cache, and fetches the shard again when a read
-//! needs it. So the budget bounds the disk the mirror keeps, and a budget
-//! smaller than what the streams read in turn (the whole cache, for draws
-//! over all of it) makes every epoch fetch again: size it to the caches.
+//! Records of shards that are not in the mirror are fetched by range
+//! (`cache::planned`); a shard is fetched whole into the mirror when its
+//! records cost as much, if `admit` finds room for it: within the budget,
+//! after deleting shards unused for a while. A mirror smaller than the dataset
+//! so keeps the shards it admitted and serves the others by range, instead of
+//! evicting, least recently used first, the shards a shuffled epoch needs
+//! again. A shard read whole for another reason (a verification) is fetched
+//! anyway and then `evict`s the least recently used others. A deleted shard
+//! that an open cache still maps stays readable through its mapping, and one
+//! that is gone is fetched again when a read needs it: eviction is never
+//! damage (`ShardSource::refetches`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 /// Bytes of shards a mirror keeps (0: no bound).
@@ -62,6 +65,50 @@ pub fn touch(shard: &Path) {
         .write(true)
         .open(shard)
         .and_then(|f| f.set_modified(SystemTime::now()));
+}
+
+/// How long a shard must go unused before `admit` may delete it for another:
+/// longer than an epoch's pass over a mirror's worth of shards, so that a
+/// mirror smaller than the dataset keeps what it holds instead of trading
+/// shards the stream needs again (LRU over a shuffled epoch evicts exactly
+/// those).
+const IDLE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Bytes of shards admitted and still being fetched (not yet files to count).
+static RESERVED: Mutex<u64> = Mutex::new(0);
+
+/// Whether a shard of `bytes` may be fetched whole into the mirror at `root`:
+/// with no budget, always; otherwise when it fits beside the shards there and
+/// those being fetched, after deleting the shards unused for `IDLE`, least
+/// recently used first. An admitted fetch is `settle`d when it ends.
+pub fn admit(root: &Path, bytes: u64) -> bool {
+    let mut reserved = RESERVED.lock().unwrap_or_else(|p| p.into_inner());
+    let budget = budget();
+    if budget != 0 {
+        let mut found = shards(root);
+        let mut total: u64 = *reserved + found.iter().map(|(_, bytes, _)| bytes).sum::<u64>();
+        found.sort();
+        let idle_since = SystemTime::now() - IDLE;
+        for (used, size, path) in found {
+            if total + bytes <= budget || used > idle_since {
+                break;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                total -= size;
+            }
+        }
+        if total + bytes > budget {
+            return false;
+        }
+    }
+    *reserved += bytes;
+    true
+}
+
+/// An admitted fetch of `bytes` ended (its file is counted now, or it failed).
+pub fn settle(bytes: u64) {
+    let mut reserved = RESERVED.lock().unwrap_or_else(|p| p.into_inner());
+    *reserved = reserved.saturating_sub(bytes);
 }
 
 /// Delete the least recently used shards under `root` (never `keep`) while

@@ -220,6 +220,18 @@ impl BatchContext {
     /// index entry are random reads: they are asked for ahead, a step before
     /// each is needed.
     pub fn locate(&self, rows: &[u32], out: &mut Vec<Draw>) {
+        let first = out.len();
+        self.locate_rows(rows, out);
+        // What these draws read, asked for now: records on object storage
+        // are fetched while the batches before them are built (`planned`).
+        self.caches.plan(
+            out[first..]
+                .iter()
+                .filter_map(|d| d.entry.map(|entry| (d.cache, entry))),
+        );
+    }
+
+    fn locate_rows(&self, rows: &[u32], out: &mut Vec<Draw>) {
         self.population.read_ahead(rows);
         let steps = if self.payload { 2 } else { 1 };
         // Step 2, a row's population entry; step 1, its index entry.

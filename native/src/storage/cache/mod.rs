@@ -8,13 +8,15 @@
 //! | `shard.rs` | one open shard file: its mapping, its identity on disk |
 //! | `metadata.rs` | `metadata.arrow`, decoded in place and checked against the manifest; `CacheMetadata`, its rows by number over its batches |
 //! | `source.rs` | where shard files come from: in place, or fetched on first read (`ShardSource`) |
-//! | `remote.rs` | a cache on object storage, through a local mirror; shards fetched on first read |
+//! | `remote.rs` | a cache on object storage, through a local mirror |
+//! | `planned.rs` | records of a cache on object storage fetched by range ahead of a stream, shards whole when cheaper |
 //! | `read.rs` | reading records: copied, prefetched, lent, or verified in place |
 //! | `verify.rs` | checking an open cache again: every checksum, a file cut or replaced |
 //! | `set.rs` | `CacheSet`: the caches of one dataset, by position or `cache_id` |
 
 mod metadata;
 mod open;
+mod planned;
 mod read;
 mod remote;
 mod set;

@@ -42,6 +42,15 @@ impl Cache {
                 self.manifest.cache_id, self.manifest.record_count
             ))
         })?;
+        if let Some(stored) = self.fetched(entry)? {
+            // Fetched by itself from object storage: its shard is not here.
+            self.check_record(sample_id, entry, &stored)?;
+            if entry.stored_as_is() {
+                out.extend_from_slice(&stored);
+                return Ok(());
+            }
+            return self.decode_record(sample_id, entry, &stored, out);
+        }
         if entry.stored_len >= LARGE_RECORD {
             return self.pread_into(sample_id, entry, out);
         }
@@ -90,11 +99,17 @@ impl Cache {
 
     /// Verify a large record where it is stored, for a reader that then copies
     /// it from there once (`stored_as_is`) instead of reading it into a buffer
-    /// and copying it again. `Ok(false)`: the record is small or encoded; read
-    /// it with `read_into`.
+    /// and copying it again. `Ok(false)`: the record is small, encoded or in a
+    /// shard not open; read it with `read_into`.
     pub fn verify_in_place(&self, sample_id: u64) -> Result<bool> {
         match self.entry(sample_id) {
-            Some(ref entry) if entry.stored_len >= LARGE_RECORD && entry.stored_as_is() => {
+            // A shard not open yet (on object storage) is not read in place:
+            // `read_into` fetches what it needs.
+            Some(ref entry)
+                if entry.stored_len >= LARGE_RECORD
+                    && entry.stored_as_is()
+                    && self.open_shard(entry.shard as usize).is_some() =>
+            {
                 self.check_record(sample_id, entry, self.stored_bytes(entry)?)?;
                 Ok(true)
             }
@@ -103,8 +118,8 @@ impl Cache {
     }
 
     /// Record `sample_id`'s payload as a buffer lent from its mapped shard,
-    /// verified (`lend`): Ok(None) when it is not lent (small, encoded, or its
-    /// shard cannot be leased now); copy it with `read_into` then.
+    /// verified (`lend`): Ok(None) when it is not lent (small, encoded, its
+    /// shard not open or not leased now); copy it with `read_into` then.
     pub fn lend(&self, sample_id: u64) -> Result<Option<arrow_buffer::Buffer>> {
         let Some(ref entry) = self.entry(sample_id) else {
             return Ok(None);
@@ -112,7 +127,12 @@ impl Cache {
         if entry.stored_len < LARGE_RECORD || !entry.stored_as_is() {
             return Ok(None);
         }
-        let Some(lender) = &self.shard(entry.shard as usize)?.lender else {
+        // A shard not open yet is not lent from: `read_into` fetches the
+        // record (and opens the shard when it is here).
+        let Some(lender) = self
+            .open_shard(entry.shard as usize)
+            .and_then(|s| s.lender.as_ref())
+        else {
             return Ok(None);
         };
         let Some(lent) = lender.lend(entry.offset as usize, entry.stored_len as usize) else {

@@ -1,42 +1,72 @@
 //! A cache on object storage, read through a local mirror (`open_remote`):
-//! its manifest, index and metadata are fetched when it is opened, each shard
-//! when a read first needs it (`Mirrored`, the cache's `ShardSource`), one
-//! fetch per shard at a time, and the mirror kept within its budget
+//! its manifest, index and metadata are fetched when it is opened; its
+//! records by range before a stream reads them, or when read, and its shards
+//! whole into the mirror when that is cheaper (`Mirrored`, the cache's
+//! `ShardSource`, and `planned`), the mirror kept within its budget
 //! (`storage::mirror`).
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
+
+use super::planned::{self, Planned};
 use super::shard::Shard;
 use super::source::ShardSource;
 use super::Cache;
 use crate::error::{Error, Result};
 use crate::hash::xxh3_64;
 use crate::remote::Bucket;
+use crate::storage::index::IndexEntry;
 use crate::storage::manifest::FileEntry;
 use crate::storage::upload::Published;
 use crate::storage::{hex64, mirror, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
 
-/// The shards of a cache on object storage: fetched into the mirror when a
-/// read first needs one, the mirror kept within its budget as a whole.
+/// The shards of a cache on object storage: records fetched by range before
+/// or when they are read (`Planned`), shards fetched whole into the mirror
+/// when that is cheaper or when a read needs the whole file.
 struct Mirrored {
     bucket: Bucket,
     mirror: PathBuf,
+    planned: Arc<Planned>,
 }
+
+/// Times a shard is fetched again when the mirror removed it between its
+/// fetch and its opening (a budget smaller than the shards read at once).
+const BRING_ATTEMPTS: usize = 3;
 
 impl ShardSource for Mirrored {
     fn at_open(&self, _entry: &FileEntry, _path: &Path, _verify: bool) -> Result<OnceLock<Shard>> {
         Ok(OnceLock::new())
     }
 
-    fn bring(&self, entry: &FileEntry, path: &Path) -> Result<()> {
-        if std::fs::metadata(path).is_ok_and(|m| m.len() == entry.bytes) {
-            mirror::touch(path);
-        } else {
-            self.bucket.download(&entry.file, path)?;
+    fn bring(&self, entry: &FileEntry, path: &Path) -> Result<File> {
+        for _ in 0..BRING_ATTEMPTS {
+            // Opened, not only looked at: once open, the mirror may delete
+            // the file and the shard stays readable.
+            if let Ok(file) = File::open(path) {
+                if file.metadata().is_ok_and(|m| m.len() == entry.bytes) {
+                    mirror::touch(path);
+                    return Ok(file);
+                }
+            }
+            self.bucket.download_known(&entry.file, entry.bytes, path)?;
             mirror::evict(&self.mirror, path);
         }
-        Ok(())
+        Err(planned::evicted_before_open(path))
+    }
+
+    fn record(&self, shard: &FileEntry, record: &IndexEntry) -> Result<Option<Bytes>> {
+        self.planned.record(shard, record)
+    }
+
+    fn plan(&self, shards: &[FileEntry], records: &[IndexEntry]) {
+        self.planned.plan(shards, records)
+    }
+
+    fn refetches(&self) -> bool {
+        true
     }
 }
 
@@ -65,6 +95,7 @@ impl Cache {
             }
         }
         let source = Mirrored {
+            planned: Planned::new(files.clone(), &dir, mirror),
             bucket: files,
             mirror: mirror.to_path_buf(),
         };
@@ -113,8 +144,20 @@ mod tests {
         bucket
     }
 
+    /// Until `cond` holds (a background fetch), for at most 10 s.
+    fn eventually(cond: impl Fn() -> bool) -> bool {
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(10) {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        false
+    }
+
     #[test]
-    fn shards_are_fetched_into_the_mirror_when_first_read() {
+    fn records_are_read_by_range_and_small_shards_then_fetched_whole() {
         let base = tempfile::tempdir().unwrap();
         let lens = [700, 800, 900, 1000];
         let dir = fixture::write(&base.path().join("local"), "c", &lens, Codec::None, 2000);
@@ -130,24 +173,94 @@ mod tests {
         let fetched = |i: usize| cache.dir().join(&cache.manifest().shards[i].file).exists();
         assert!(cache.dir().join(MANIFEST_FILE).exists());
         assert!(!fetched(0) && !fetched(1), "no shard before a read");
-        assert!(cache.open_shard(1).is_none());
 
+        // The first read fetches its record alone; a shard smaller than what
+        // a request costs is then fetched whole, in the background.
         assert_eq!(cache.read(3).unwrap(), fixture::payload(3, 1000));
-        assert!(!fetched(0) && fetched(1), "only the shard read");
-        assert!(cache.open_shard(1).is_some());
+        assert!(
+            cache.open_shard(1).is_none(),
+            "read by range, not from the shard"
+        );
+        assert!(eventually(|| fetched(1)), "the shard arrives in the mirror");
+        assert!(!fetched(0), "only the shard read");
         for (i, &len) in lens.iter().enumerate() {
             assert_eq!(
                 cache.read(i as u64).unwrap(),
                 fixture::payload(i as u64, len)
             );
         }
-        assert!(fetched(0));
+        assert!(
+            cache.open_shard(1).is_some(),
+            "read from the mirror once there"
+        );
 
         // Reopened: the mirror's files are used as they are.
         drop(cache);
         let again = Cache::open_remote(&bucket, &mirror).unwrap();
-        assert!(again.open_shard(0).is_none());
-        assert_eq!(again.read(0).unwrap(), fixture::payload(0, 700));
+        assert!(again.open_shard(1).is_none());
+        assert_eq!(again.read(3).unwrap(), fixture::payload(3, 1000));
+        assert!(again.open_shard(1).is_some());
+    }
+
+    #[test]
+    fn planned_records_are_fetched_once_and_verified_when_read() {
+        let base = tempfile::tempdir().unwrap();
+        // One shard far larger than a request's cost: it stays on the store.
+        let lens = vec![100_000; 40];
+        let dir = fixture::write(&base.path().join("local"), "c", &lens, Codec::None, 8 << 20);
+        let bucket = publish(&dir, &base.path().join("bucket"), "c", None);
+        let cache = Cache::open_remote(&bucket, &base.path().join("mirror")).unwrap();
+        let entries: Vec<IndexEntry> = [5u64, 6, 30, 5]
+            .iter()
+            .map(|&i| cache.entry(i).unwrap())
+            .collect();
+        cache.plan(&entries);
+        for i in [5u64, 30, 6, 5, 5] {
+            assert_eq!(cache.read(i).unwrap(), fixture::payload(i, 100_000));
+        }
+        assert!(cache.open_shard(0).is_none(), "never fetched whole");
+
+        // A record whose bytes on the store were damaged fails its checksum,
+        // planned or not.
+        let shard = &cache.manifest().shards[0];
+        let object = base
+            .path()
+            .join("bucket")
+            .join("c")
+            .join(format!("{}-v", hex64(cache.cache_id())));
+        let path = object.join(&shard.file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = cache.entry(12).unwrap().offset as usize + 10;
+        bytes[at] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        cache.plan(&[cache.entry(12).unwrap()]);
+        for _ in 0..2 {
+            let err = cache.read(12).unwrap_err();
+            assert!(err.to_string().contains("fails its checksum"), "{err}");
+        }
+        assert_eq!(cache.read(13).unwrap(), fixture::payload(13, 100_000));
+    }
+
+    #[test]
+    fn a_shard_the_mirror_deleted_is_not_damage_and_is_read_again() {
+        let base = tempfile::tempdir().unwrap();
+        let lens = [700, 800];
+        let dir = fixture::write(&base.path().join("local"), "c", &lens, Codec::None, 1 << 20);
+        let bucket = publish(&dir, &base.path().join("bucket"), "c", None);
+        let cache = Cache::open_remote(&bucket, &base.path().join("mirror")).unwrap();
+        let path = cache.dir().join(&cache.manifest().shards[0].file);
+        assert_eq!(cache.read(0).unwrap(), fixture::payload(0, 700));
+        assert!(eventually(|| path.exists()));
+        assert_eq!(cache.read(1).unwrap(), fixture::payload(1, 800));
+        assert!(cache.open_shard(0).is_some());
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            !cache.files_changed(),
+            "an evicted shard is not a changed one"
+        );
+        assert_eq!(cache.read(1).unwrap(), fixture::payload(1, 800));
+        let reopened = Cache::open_remote(&bucket, &base.path().join("mirror")).unwrap();
+        assert_eq!(reopened.read(0).unwrap(), fixture::payload(0, 700));
     }
 
     #[test]

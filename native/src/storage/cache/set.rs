@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::remote::Bucket;
 use crate::storage::descriptor::Descriptor;
 use crate::storage::hex64;
+use crate::storage::index::IndexEntry;
 use crate::storage::location::Location;
 use crate::storage::schema::ColumnSpec;
 
@@ -121,6 +122,25 @@ impl CacheSet {
 
     pub fn total_records(&self) -> u64 {
         self.caches.iter().map(|c| c.len()).sum()
+    }
+
+    /// The records (cache, index entry) a stream reads next, in order: those
+    /// of shards not open yet (a cache on object storage) are fetched now
+    /// (`planned`); for caches read in place this only looks.
+    pub fn plan(&self, records: impl Iterator<Item = (u32, IndexEntry)>) {
+        let mut wanted: HashMap<u32, Vec<IndexEntry>> = HashMap::new();
+        for (cache, entry) in records {
+            if self.caches[cache as usize]
+                .open_shard(entry.shard as usize)
+                .is_some()
+            {
+                continue;
+            }
+            wanted.entry(cache).or_default().push(entry);
+        }
+        for (cache, entries) in wanted {
+            self.caches[cache as usize].plan(&entries);
+        }
     }
 
     /// The error for a shard of this set that a read found cut short, if any.

@@ -35,6 +35,16 @@ impl Shard {
                 format!("cannot open shard listed in the manifest: {e}"),
             )
         })?;
+        Self::open_file(file, path, entry, verify)
+    }
+
+    /// `open` of the shard already opened as `file` (at `path`).
+    pub(super) fn open_file(
+        file: File,
+        path: &Path,
+        entry: &FileEntry,
+        verify: bool,
+    ) -> Result<Shard> {
         let stat = file.metadata().at("cannot stat", path)?;
         let len = stat.len();
         if len != entry.bytes {

@@ -3,12 +3,16 @@
 //! fetched into a mirror when a read first needs one (`remote.rs`, a cache on
 //! object storage). `Cache::shard` asks its source alike for both.
 
+use std::fs::File;
 use std::path::Path;
 use std::sync::OnceLock;
+
+use bytes::Bytes;
 
 use super::shard::Shard;
 use super::Cache;
 use crate::error::{Error, Result};
+use crate::storage::index::IndexEntry;
 use crate::storage::manifest::FileEntry;
 
 /// Where the shard files of an open cache come from.
@@ -17,9 +21,25 @@ pub(super) trait ShardSource: Send + Sync {
     /// checksum verified if `verify`), or left for its first read.
     fn at_open(&self, entry: &FileEntry, path: &Path, verify: bool) -> Result<OnceLock<Shard>>;
 
-    /// Put shard `entry` at `path`, to be opened for its first read (called
+    /// Put shard `entry` at `path` and open it, for its first read (called
     /// once per shard, under that shard's lock).
-    fn bring(&self, entry: &FileEntry, path: &Path) -> Result<()>;
+    fn bring(&self, entry: &FileEntry, path: &Path) -> Result<File>;
+
+    /// The stored bytes of `record` (of shard `shard`, which is not open)
+    /// fetched by themselves; None: read it from the shard (`bring`).
+    fn record(&self, _shard: &FileEntry, _record: &IndexEntry) -> Result<Option<Bytes>> {
+        Ok(None)
+    }
+
+    /// The records of shards not open that a stream reads next, in order, for
+    /// a source that fetches to start on them now.
+    fn plan(&self, _shards: &[FileEntry], _records: &[IndexEntry]) {}
+
+    /// Whether a shard file that disappeared is fetched again when needed (a
+    /// mirror's eviction), not lost (damage).
+    fn refetches(&self) -> bool {
+        false
+    }
 }
 
 /// A cache directory read where it is: every shard opened with the cache,
@@ -31,9 +51,15 @@ impl ShardSource for InPlace {
         Shard::open(path, entry, verify).map(OnceLock::from)
     }
 
-    fn bring(&self, _entry: &FileEntry, _path: &Path) -> Result<()> {
-        // Already there: every shard was opened with the cache.
-        Ok(())
+    fn bring(&self, _entry: &FileEntry, path: &Path) -> Result<File> {
+        // Every shard was opened with the cache: reached only after a failed
+        // open, as that open again.
+        File::open(path).map_err(|e| {
+            Error::corrupt(
+                path,
+                format!("cannot open shard listed in the manifest: {e}"),
+            )
+        })
     }
 }
 
@@ -54,8 +80,8 @@ impl Cache {
             return Ok(shard);
         }
         let (entry, path) = (&self.manifest.shards[i], &self.shard_paths[i]);
-        self.source.bring(entry, path)?;
-        let _ = slot.set(Shard::open(path, entry, false)?);
+        let file = self.source.bring(entry, path)?;
+        let _ = slot.set(Shard::open_file(file, path, entry, false)?);
         slot.get()
             .ok_or_else(|| Error::internal(format!("shard {i} could not be kept")))
     }
@@ -63,5 +89,25 @@ impl Cache {
     /// Shard `i` if it is open (never brings one: for hints).
     pub(super) fn open_shard(&self, i: usize) -> Option<&Shard> {
         self.shards.get(i).and_then(OnceLock::get)
+    }
+
+    /// The stored bytes of `record` when its shard is not open and the
+    /// source fetched them by themselves (None: read them from the shard).
+    pub(super) fn fetched(&self, record: &IndexEntry) -> Result<Option<Bytes>> {
+        let shard = record.shard as usize;
+        match self.manifest.shards.get(shard) {
+            Some(entry) if self.open_shard(shard).is_none() => self.source.record(entry, record),
+            _ => Ok(None),
+        }
+    }
+
+    /// Tell the source which records of shards not open a stream reads next.
+    pub(super) fn plan(&self, records: &[IndexEntry]) {
+        self.source.plan(&self.manifest.shards, records);
+    }
+
+    /// Whether a shard file of this cache that disappeared is fetched again.
+    pub(super) fn refetches(&self) -> bool {
+        self.source.refetches()
     }
 }

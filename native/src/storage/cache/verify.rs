@@ -58,6 +58,8 @@ impl Cache {
             match std::fs::metadata(path) {
                 Ok(m) if identity(&m) == opened.identity && m.len() == entry.bytes => {}
                 Ok(m) => changed.push((i, Some(identity(&m)))),
+                // A mirror deleted it: fetched again when a read needs it.
+                Err(_) if self.refetches() => {}
                 Err(_) => changed.push((i, None)),
             }
         }

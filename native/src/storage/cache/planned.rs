@@ -1,0 +1,297 @@
+//! Planned reads of a cache on object storage: records fetched by range
+//! before a stream needs them, shards fetched whole when that is cheaper.
+//!
+//! A stream is a pure function of its ticket, so its planner knows which
+//! records it will read next (`CacheSet::plan`, called a prefetch budget
+//! ahead of the batch builders). For a shard that is not in the mirror, those
+//! records are fetched now by ranged requests, neighbours coalesced into one,
+//! many in flight (`remote::requests_in_flight`), and held here until a
+//! builder takes them; a record nobody planned is fetched alone when read.
+//! So the first record of a cold stream waits for its own bytes, not for its
+//! shard. Every record is still verified by its checksum when read.
+//!
+//! Each ranged request costs the store about as much as `REQUEST_COST` more
+//! bytes; once the records a shard was asked for by range cost as much as the
+//! whole shard, the shard is fetched whole into the mirror in the background,
+//! if the mirror's budget admits it (`mirror::admit`), and read from there.
+//! A mirror smaller than the dataset keeps the shards it admitted and serves
+//! the rest by range: it is a cache, never a copy that must hold everything.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+use crate::remote::{Bucket, Fetch};
+use crate::storage::index::IndexEntry;
+use crate::storage::manifest::FileEntry;
+use crate::storage::mirror;
+
+/// What one more ranged request costs, counted in bytes (a request's latency
+/// times a store's bandwidth: about 1 ms × 250 MiB/s on a loopback radosgw,
+/// tens of ms × 100 MiB/s per flow on S3, where it is worth more).
+const REQUEST_COST: u64 = 256 << 10;
+/// Records closer than this are fetched in one request, the gap with them.
+const COALESCE_GAP: u64 = 64 << 10;
+/// The longest coalesced request: a failed one is retried alone, in time.
+const MAX_RANGE: u64 = 8 << 20;
+/// Bytes of planned records held for their readers, per cache: beyond it the
+/// oldest plans are forgotten (their records are fetched when read).
+const HELD_BYTES: u64 = 256 << 20;
+/// Whole-shard fetches of one cache running at once.
+const WHOLE_IN_FLIGHT: usize = 2;
+
+/// The planned reads of one cache on object storage.
+pub(super) struct Planned {
+    /// The published version's prefix: its objects are the shard files.
+    bucket: Bucket,
+    /// The cache's directory in the mirror, and the mirror's root.
+    dir: PathBuf,
+    mirror: PathBuf,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Records fetched or being fetched by range, by (shard, offset).
+    records: HashMap<(u32, u64), Held>,
+    /// Planning order, for forgetting the oldest when over `HELD_BYTES`.
+    order: VecDeque<(u32, u64)>,
+    held: u64,
+    /// Per shard: what its records fetched by range cost (`REQUEST_COST`).
+    spent: HashMap<u32, u64>,
+    /// Shards fetched whole, or being fetched, into the mirror.
+    whole: HashSet<u32>,
+    whole_running: usize,
+}
+
+/// A planned record: the request that brings it, where it starts in that
+/// request's bytes, and how many reads it was planned for.
+struct Held {
+    fetch: Fetch,
+    start: u64,
+    len: u64,
+    readers: u32,
+}
+
+impl Planned {
+    pub(super) fn new(bucket: Bucket, dir: &Path, mirror: &Path) -> Arc<Self> {
+        Arc::new(Planned {
+            bucket,
+            dir: dir.to_path_buf(),
+            mirror: mirror.to_path_buf(),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// Whether shard `file` is whole in the mirror (read it from there).
+    fn mirrored(&self, file: &FileEntry) -> bool {
+        std::fs::metadata(self.dir.join(&file.file)).is_ok_and(|m| m.len() == file.bytes)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state is a cache of fetches: a panic that left it half updated
+        // costs at most a fetch again.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Start fetching `records` (of shards `shards`), which a stream reads
+    /// next in this order. Records of shards in the mirror are left alone.
+    pub(super) fn plan(self: &Arc<Self>, shards: &[FileEntry], records: &[IndexEntry]) {
+        // Per shard, per offset: (stored length, reads planned).
+        let mut wanted: BTreeMap<u32, BTreeMap<u64, (u64, u32)>> = BTreeMap::new();
+        let mut state = self.lock();
+        for record in records.iter().filter(|r| r.stored_len > 0) {
+            if let Some(held) = state.records.get_mut(&(record.shard, record.offset)) {
+                held.readers += 1;
+                continue;
+            }
+            let slot = wanted
+                .entry(record.shard)
+                .or_default()
+                .entry(record.offset)
+                .or_insert((record.stored_len, 0));
+            slot.1 += 1;
+        }
+        for (shard, offsets) in wanted {
+            let Some(file) = shards.get(shard as usize) else {
+                continue;
+            };
+            if self.mirrored(file) {
+                continue; // read there (a warm mirror, or a whole fetch done)
+            }
+            for range in coalesce(&offsets) {
+                let Ok(fetch) = self.bucket.fetch_range(&file.file, range.clone()) else {
+                    return; // no runtime: every read fetches for itself
+                };
+                *state.spent.entry(shard).or_default() += range.end - range.start + REQUEST_COST;
+                for (&offset, &(len, readers)) in offsets.range(range.clone()) {
+                    state.records.insert(
+                        (shard, offset),
+                        Held {
+                            fetch: fetch.clone(),
+                            start: range.start,
+                            len,
+                            readers,
+                        },
+                    );
+                    state.order.push_back((shard, offset));
+                    state.held += len;
+                }
+            }
+            self.consider_whole(&mut state, shard, file);
+        }
+        forget_oldest(&mut state);
+    }
+
+    /// The stored bytes of `record` of shard `file`, fetched by range (planned
+    /// or now); None when the shard is whole in the mirror, to be read there.
+    pub(super) fn record(
+        self: &Arc<Self>,
+        file: &FileEntry,
+        record: &IndexEntry,
+    ) -> Result<Option<Bytes>> {
+        let key = (record.shard, record.offset);
+        let planned = {
+            let mut state = self.lock();
+            match state.records.get_mut(&key) {
+                Some(held) => {
+                    held.readers = held.readers.saturating_sub(1);
+                    let taken = (held.fetch.clone(), held.start, held.len);
+                    if held.readers == 0 {
+                        state.records.remove(&key);
+                        state.held = state.held.saturating_sub(taken.2);
+                    }
+                    Some(taken)
+                }
+                None if self.mirrored(file) => return Ok(None),
+                None => {
+                    *state.spent.entry(record.shard).or_default() +=
+                        record.stored_len + REQUEST_COST;
+                    self.consider_whole(&mut state, record.shard, file);
+                    None
+                }
+            }
+        };
+        if let Some((fetch, start, len)) = planned {
+            let at = (record.offset - start) as usize;
+            // A planned request that failed is asked again, alone, once.
+            if let Ok(bytes) = fetch.wait() {
+                return Ok(Some(bytes.slice(at..at + len as usize)));
+            }
+        }
+        let range = record.offset..record.offset + record.stored_len;
+        self.bucket.fetch_range(&file.file, range)?.wait().map(Some)
+    }
+
+    /// Fetch shard `file` whole into the mirror, in the background, once its
+    /// records fetched by range cost as much as it does and the mirror has
+    /// room for it.
+    fn consider_whole(self: &Arc<Self>, state: &mut State, shard: u32, file: &FileEntry) {
+        let spent = state.spent.get(&shard).copied().unwrap_or(0);
+        if spent < file.bytes || state.whole.contains(&shard) {
+            return;
+        }
+        if state.whole_running >= WHOLE_IN_FLIGHT || !mirror::admit(&self.mirror, file.bytes) {
+            // Asked again once its records have cost as much once more.
+            state.spent.insert(shard, 0);
+            return;
+        }
+        state.whole.insert(shard);
+        state.whole_running += 1;
+        let (this, file) = (self.clone(), file.clone());
+        let started = std::thread::Builder::new()
+            .name("drt-mirror-fetch".into())
+            .spawn(move || {
+                let fetched =
+                    this.bucket
+                        .download_known(&file.file, file.bytes, &this.dir.join(&file.file));
+                mirror::settle(file.bytes);
+                let mut state = this.lock();
+                state.whole_running -= 1;
+                if let Err(error) = fetched {
+                    // Read by range until a later plan tries again.
+                    eprintln!("warning: {error}");
+                    state.whole.remove(&shard);
+                    state.spent.insert(shard, 0);
+                }
+            });
+        if started.is_err() {
+            mirror::settle(file.bytes);
+            state.whole.remove(&shard);
+            state.whole_running -= 1;
+        }
+    }
+}
+
+/// The requests that fetch `offsets` (offset → (length, readers)), in order:
+/// neighbours closer than `COALESCE_GAP` share one, up to `MAX_RANGE` bytes.
+fn coalesce(offsets: &BTreeMap<u64, (u64, u32)>) -> Vec<std::ops::Range<u64>> {
+    let mut ranges: Vec<std::ops::Range<u64>> = Vec::new();
+    for (&offset, &(len, _)) in offsets {
+        let end = offset + len;
+        match ranges.last_mut() {
+            Some(last) if offset <= last.end + COALESCE_GAP && end - last.start <= MAX_RANGE => {
+                last.end = last.end.max(end);
+            }
+            _ => ranges.push(offset..end),
+        }
+    }
+    ranges
+}
+
+/// Forget the oldest plans while more than `HELD_BYTES` are held: their
+/// records are fetched again when read (never wrong, only slower).
+fn forget_oldest(state: &mut State) {
+    while state.held > HELD_BYTES {
+        let Some(key) = state.order.pop_front() else {
+            break;
+        };
+        if let Some(held) = state.records.remove(&key) {
+            state.held = state.held.saturating_sub(held.len);
+        }
+    }
+    if state.order.len() > 4 * state.records.len() + 1024 {
+        let records = &state.records;
+        state.order.retain(|key| records.contains_key(key));
+    }
+}
+
+/// The error for a shard that a mirror fetched but lost before it was opened.
+pub(super) fn evicted_before_open(path: &Path) -> Error {
+    Error::Unavailable(format!(
+        "{} was fetched into the mirror but removed again before it could be opened; \
+         the mirror's budget (--mirror-max-bytes) is smaller than the shards read at once",
+        path.display()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn neighbours_share_a_request_and_far_records_do_not() {
+        let mut offsets = BTreeMap::new();
+        for (offset, len) in [(0, 100), (100, 100), (60_000, 10), (1 << 20, 5)] {
+            offsets.insert(offset, (len, 1));
+        }
+        assert_eq!(
+            coalesce(&offsets),
+            vec![0..60_010, (1 << 20)..(1 << 20) + 5]
+        );
+        let mut long = BTreeMap::new();
+        for i in 0..20u64 {
+            long.insert(i << 20, (1 << 20, 1));
+        }
+        let ranges = coalesce(&long);
+        assert!(
+            ranges.iter().all(|r| r.end - r.start <= MAX_RANGE),
+            "{ranges:?}"
+        );
+        assert_eq!(ranges.first().map(|r| r.start), Some(0));
+        assert_eq!(ranges.last().map(|r| r.end), Some(20 << 20));
+    }
+}
