@@ -514,18 +514,20 @@ def test_a_missing_cache_url_is_not_found(
         DatasetService(runtime.native, NAME, [f"s3://{bucket}/none/pop"], str(tmp_path / "s"))
 
 
+@pytest.mark.parametrize("budget_in_shards", [3, 0.5])
 def test_the_mirror_keeps_at_most_its_budget_of_shards(
-    runtime: drt.DatasetRuntime, bucket: str, tmp_path: Path
+    runtime: drt.DatasetRuntime, bucket: str, tmp_path: Path, budget_in_shards: float
 ) -> None:
-    """A mirror smaller than the cache evicts the least recently used shards and
-    still serves every epoch exactly (an evicted shard is fetched again)."""
+    """A mirror smaller than the cache (three shards, or half of one: less than a
+    tenth of the cache) keeps at most its budget and still serves every epoch
+    exactly: what it does not hold is read by range from the store."""
     records = make_records(64, payload_size=4096)
     sharded = write(tmp_path / "w", ListSource("pop", records), max_shard_bytes=16 * 1024)
     shard_bytes = [p.stat().st_size for p in sharded.glob("shard-*.bin")]
     assert len(shard_bytes) >= 8
     report = drt._native.upload_cache(str(sharded), f"s3://{bucket}/caches")
     local = DatasetService(runtime.native, NAME, [str(sharded)], str(tmp_path / "local"))
-    budget = 3 * max(shard_bytes)
+    budget = int(budget_in_shards * max(shard_bytes))
     drt._native.set_mirror_budget(budget)
     try:
         mirror = tmp_path / "m"
