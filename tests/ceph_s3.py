@@ -35,6 +35,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,6 +215,20 @@ rgw data = {root}/rgw
             process.kill()
             process.wait(timeout=30)
             self.processes.remove(process)
+
+    @contextlib.contextmanager
+    def silenced(self) -> Iterator[None]:
+        """Stop radosgw answering without refusing anything (SIGSTOP): connections
+        are accepted by the kernel and then nothing comes back, as under a network
+        cut. It answers again (SIGCONT) when the block ends."""
+        gateways = [p for p in self.processes if p.args == self.gateway]
+        for process in gateways:
+            process.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for process in gateways:
+                process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         for process in self.processes:

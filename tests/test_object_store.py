@@ -361,6 +361,41 @@ def test_a_store_that_goes_away_and_returns(
     assert a.active().population == population != before
 
 
+def test_a_silent_store_is_unavailable_within_seconds_and_the_replica_recovers(
+    runtime: drt.DatasetRuntime, cache: Path, ceph: CephS3, bucket: str, tmp_path: Path
+) -> None:
+    """A store that stops answering without refusing (a network cut: here radosgw
+    stopped by SIGSTOP) is found out by a probe within seconds (remote/health.rs):
+    the request waiting on it fails as StoreUnavailableError, later ones fail at
+    once, and when the store answers again the same replica works on."""
+    a = replica(runtime, cache, f"s3://{bucket}/state", tmp_path / "a")
+    before = a.active().population
+    table = reweighted(a, 4.0)
+    with ceph.silenced():
+        started = time.monotonic()
+        with pytest.raises(drt.StoreUnavailableError, match="has not answered"):
+            a.put(table, True)
+        first = time.monotonic() - started
+        started = time.monotonic()
+        with pytest.raises(drt.StoreUnavailableError, match="has not answered"):
+            a.put(table, True)
+        second = time.monotonic() - started
+    print(f"silent store: first request failed after {first:.1f} s, the next {second:.2f} s")
+    # Bounds far above the 2 s stall + 3 s probe, far below the 30 s of retries.
+    assert first < 15, first
+    assert second < 2, second
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        try:
+            assert a.active().population == before
+            break
+        except drt.StoreUnavailableError:
+            assert time.monotonic() < deadline, "the replica never saw the store again"
+            time.sleep(0.2)
+    population, _ = a.put(table, True)
+    assert a.active().population == population != before
+
+
 # -- caches -----------------------------------------------------------------------
 
 

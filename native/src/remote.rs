@@ -29,6 +29,9 @@ use object_store::{
 use crate::error::{Error, IoContext, Result};
 use crate::storage::temp::LockedTemp;
 
+mod health;
+use health::{Health, Probe};
+
 /// Files up to this size are uploaded in one request, larger ones in parts.
 const SINGLE_PUT_BYTES: u64 = 16 << 20;
 /// The part size of multipart uploads (S3's minimum is 5 MiB).
@@ -70,6 +73,8 @@ pub struct Bucket {
     url: String,
     /// How long a reader may trust what it listed (`freshness`).
     freshness: Duration,
+    /// Whether the store answers (`health`), shared by its prefixes.
+    health: Arc<Health>,
 }
 
 /// One object of a listing.
@@ -143,8 +148,10 @@ impl Bucket {
                      credentials in the environment"
             ))
         })?;
+        let store: Arc<dyn ObjectStore> = Arc::new(store);
         Ok(Bucket {
-            store: Arc::new(store),
+            health: Health::new(probe(&store)),
+            store,
             root: Key::parse(prefix.trim_end_matches('/'))
                 .map_err(|e| Error::invalid(format!("{url:?}: the prefix is not valid: {e}")))?,
             url: url.trim_end_matches('/').to_string(),
@@ -163,8 +170,10 @@ impl Bucket {
         let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
             .map_err(|e| Error::io("cannot open", dir, std::io::Error::other(e)))?
             .with_fsync(true);
+        let store: Arc<dyn ObjectStore> = Arc::new(store);
         Ok(Bucket {
-            store: Arc::new(store),
+            health: Health::new(probe(&store)),
+            store,
             root: Key::default(),
             url: dir.display().to_string(),
             freshness: Duration::ZERO,
@@ -174,6 +183,7 @@ impl Bucket {
     /// A bucket over any `ObjectStore` (tests).
     pub fn from_store(store: Arc<dyn ObjectStore>, url: &str) -> Self {
         Bucket {
+            health: Health::new(probe(&store)),
             store,
             root: Key::default(),
             url: url.to_string(),
@@ -197,6 +207,7 @@ impl Bucket {
             root,
             url: format!("{}/{name}", self.url),
             freshness: self.freshness,
+            health: self.health.clone(),
         }
     }
 
@@ -235,10 +246,25 @@ impl Bucket {
         }
     }
 
+    /// `request`'s output, waited for here; fails at once, or as soon as a
+    /// probe finds the store not answering (`health`), with `Unavailable`.
+    fn run<F: std::future::Future>(&self, request: F) -> Result<F::Output> {
+        block_on(self.health.guard(request))?.map_err(|down| self.down(down))
+    }
+
+    fn down(&self, since: Duration) -> Error {
+        Error::Unavailable(format!(
+            "object storage has not answered for {:.0} s: requests fail at once until it \
+             answers again (it is probed every second; the server's log has the details); \
+             check that the store is reachable",
+            since.as_secs_f64().max(1.0)
+        ))
+    }
+
     /// The object `name`, or None when there is none.
     pub fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let key = self.key(name);
-        let got = block_on(async {
+        let got = self.run(async {
             let result = self.store.get(&key).await?;
             result.bytes().await
         })?;
@@ -256,7 +282,7 @@ impl Bucket {
 
     /// The size of the object `name` in bytes, or None when there is none.
     pub fn size(&self, name: &str) -> Result<Option<u64>> {
-        match block_on(self.store.head(&self.key(name)))? {
+        match self.run(self.store.head(&self.key(name)))? {
             Ok(meta) => Ok(Some(meta.size)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.error("look up", name, e)),
@@ -265,7 +291,7 @@ impl Bucket {
 
     /// Write `name` holding `bytes`, replacing what it held.
     pub fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
-        block_on(self.store.put(&self.key(name), PutPayload::from(bytes)))?
+        self.run(self.store.put(&self.key(name), PutPayload::from(bytes)))?
             .map(|_| ())
             .map_err(|e| self.error("write", name, e))
     }
@@ -280,10 +306,11 @@ impl Bucket {
             mode: PutMode::Create,
             ..Default::default()
         };
-        let put = block_on(
-            self.store
-                .put_opts(&self.key(name), PutPayload::from(bytes), options),
-        )?;
+        let put = self.run(self.store.put_opts(
+            &self.key(name),
+            PutPayload::from(bytes),
+            options,
+        ))?;
         match put {
             Ok(_) => Ok(true),
             Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
@@ -317,7 +344,7 @@ impl Bucket {
 
     fn listed(&self, prefix: &str, after: Option<&str>) -> Result<Vec<Listed>> {
         let prefix_key = self.key(prefix);
-        let listed = block_on(async {
+        let listed = self.run(async {
             let stream = match after {
                 Some(after) => self
                     .store
@@ -363,12 +390,12 @@ impl Bucket {
         if size <= SINGLE_PUT_BYTES {
             let mut bytes = Vec::with_capacity(size as usize);
             file.read_to_end(&mut bytes).at("cannot read", path)?;
-            block_on(self.store.put(&key, PutPayload::from(bytes)))?
+            self.run(self.store.put(&key, PutPayload::from(bytes)))?
                 .map_err(|e| self.error("write", name, e))?;
             sent(size);
             return Ok(());
         }
-        let uploaded: std::result::Result<(), Error> = block_on(async {
+        let uploaded: std::result::Result<(), Error> = self.run(async {
             let upload = self
                 .store
                 .put_multipart(&key)
@@ -428,7 +455,7 @@ impl Bucket {
         let temp = LockedTemp::create_file(dir, ".tmp-")?;
         let mut file = temp.file();
         let key = self.key(name);
-        let fetched: Result<()> = block_on(async {
+        let fetched: Result<()> = self.run(async {
             let size = match known {
                 Some(size) => size,
                 None => {
@@ -468,9 +495,16 @@ impl Bucket {
     pub fn fetch_range(&self, name: &str, range: std::ops::Range<u64>) -> Result<Fetch> {
         let (store, key) = (self.store.clone(), self.key(name));
         let len = range.end - range.start;
+        let health = self.health.clone();
         let task = runtime()?.spawn(async move {
             let _permit = in_flight().acquire().await;
-            let got = store.get_range(&key, range).await;
+            let got = match health.guard(store.get_range(&key, range)).await {
+                Ok(got) => got,
+                Err(_down) => Err(object_store::Error::Generic {
+                    store: "object storage",
+                    source: "the store does not answer".into(),
+                }),
+            };
             if let Ok(bytes) = &got {
                 counters::request(bytes.len() as u64);
             }
@@ -493,11 +527,24 @@ impl Bucket {
 
     /// Remove `name` (no error when it is already gone).
     pub fn delete(&self, name: &str) -> Result<()> {
-        match block_on(self.store.delete(&self.key(name)))? {
+        match self.run(self.store.delete(&self.key(name)))? {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error("delete", name, e)),
         }
     }
+}
+
+/// A request any live store answers at once: a `HEAD` of a key that is never
+/// written (its "not found" proves the store alive as well as an object).
+fn probe(store: &Arc<dyn ObjectStore>) -> Probe {
+    let store = store.clone();
+    Arc::new(move || {
+        let store = store.clone();
+        async move {
+            let _ = store.head(&Key::from(".dataset-rt-probe")).await;
+        }
+        .boxed()
+    })
 }
 
 /// Ranged requests of the whole process in flight at once (planned reads,
@@ -542,6 +589,9 @@ impl Fetch {
                 self.len,
                 bytes.len()
             ))),
+            Err(_) if self.bucket.health.down_for().is_some() => Err(self
+                .bucket
+                .down(self.bucket.health.down_for().unwrap_or_default())),
             Err(e) => {
                 let error =
                     Arc::try_unwrap(e).unwrap_or_else(|shared| object_store::Error::Generic {
