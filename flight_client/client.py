@@ -23,11 +23,13 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from dataset_rt.config import ShuffleMode
+from dataset_rt.errors import InvalidArgumentError
 from dataset_rt.lazy import StreamedTable, scan_batches, streamed
 from dataset_rt.partition import Partition, as_partition
 from dataset_rt.progress import Bar, progress_bar, shows
 from dataset_rt.service import BASE_COLUMNS, StreamRequest, parse_ticket
 from flight_client.errors import server_error
+from flight_client.substreams import MAX_STREAMS, interleaved
 
 # Statuses after which another location (or the same one, later) can serve the
 # ticket. INVALID_ARGUMENT, NOT_FOUND and auth errors are final.
@@ -470,6 +472,7 @@ class DatasetClient:
         shuffle: ShuffleMode = True,
         population: str | None = None,
         payload: bool = True,
+        streams: int = 1,
         **partition_keys: int | None,
     ) -> Iterator[Any]:
         """One rank's samples of ``epoch`` (record batches with ``batches=True``).
@@ -482,7 +485,21 @@ class DatasetClient:
         arguments (``rank=``, ``world_size=``, ``start=``, ``stop=``,
         ``block=``, ``offset=``) are deprecated: they still build the partition
         for one release, with a `DeprecationWarning`.
+
+        ``streams=K`` reads the rank's stream as K interleaved sub-streams, each
+        from the next of the endpoint's locations and each resumed on another
+        after a failure, merged back in order (`flight_client.substreams`): the
+        same rows as one stream, over K connections.
         """
+        if isinstance(streams, bool) or not isinstance(streams, int):
+            raise InvalidArgumentError(
+                f"'streams' must be an integer from 1 to {MAX_STREAMS}, got {streams!r}"
+            )
+        if not 1 <= streams <= MAX_STREAMS:
+            raise InvalidArgumentError(
+                f"'streams' must be from 1 to {MAX_STREAMS} (sub-streams of one rank), "
+                f"got {streams}"
+            )
         # The partition's rules (rank < world_size, ...) are checked here, in
         # the engine, before anything is sent.
         chosen = as_partition(partition, partition_keys, method="DatasetClient.epoch")
@@ -504,7 +521,7 @@ class DatasetClient:
         # Spread ranks over the replicas: rank r starts at location r mod n.
         first = chosen.rank % len(locations)
         locations = locations[first:] + locations[:first]
-        stream = self.stream_ticket(ticket, locations)
+        stream = interleaved(self.stream_ticket, ticket, streams, locations)
         return stream if batches else _samples(stream)
 
     def stream_ticket(

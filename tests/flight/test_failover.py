@@ -172,6 +172,39 @@ def test_a_killed_server_is_resumed_on_the_other_at_the_right_offset(
         assert 0 < resumed <= RECORDS - BATCHES_BEFORE_KILL * 256, resumed
 
 
+def test_sub_streams_resume_on_the_other_replica_and_merge_to_the_single_stream(
+    big_cache: Path, tmp_path: Path
+) -> None:
+    """``streams=2``: sub-stream 0 starts on one replica, sub-stream 1 on the other;
+    one replica is killed mid-epoch, and what it was sending resumes on the other at
+    its offset. The merged rows are the uninterrupted single stream's."""
+    with two_servers(big_cache, tmp_path, advertise=True) as (first, second):
+        loc1, loc2 = first.location(), second.location()
+        # Long enough that each sub-stream is far from its end at the kill.
+        epoch_len = 4 * RECORDS
+        with DatasetClient(loc2) as reference_client:
+            expected = [
+                t
+                for b in reference_client.epoch(DATASET, SEED, 0, batches=True, epoch_len=epoch_len)
+                for t in triples(b)
+            ]
+        sent1, sent2 = rows_sent(loc1), rows_sent(loc2)
+        delivered: list[Triple] = []
+        with fast_client([loc1, loc2]) as client:
+            stream = client.epoch(DATASET, SEED, 0, batches=True, epoch_len=epoch_len, streams=2)
+            while len(delivered) < 3 * 256:
+                delivered += triples(next(stream))
+            assert rows_sent(loc1) > sent1, "sub-stream 0 is on the first replica"
+            assert rows_sent(loc2) > sent2, "sub-stream 1 on the second"
+            first.kill()
+            started = time.monotonic()
+            for batch in stream:
+                delivered += triples(batch)
+            assert time.monotonic() - started < 30.0
+            assert any("resuming" in note for note in client.failover_notes)
+        assert delivered == expected
+
+
 def test_every_location_dying_mid_stream_raises_within_bounded_time(
     big_cache: Path, tmp_path: Path
 ) -> None:

@@ -13,13 +13,16 @@
 //! Each ranged request costs the store about as much as `REQUEST_COST` more
 //! bytes; once the records a shard was asked for by range cost as much as the
 //! whole shard, the shard is fetched whole into the mirror in the background,
-//! if the mirror's budget admits it (`mirror::admit`), and read from there.
+//! if the mirror's budget admits it (`mirror::admit`), and read from there:
+//! while it is on its way, its records are no longer fetched by range (reads
+//! wait for it), so its bytes are fetched about once.
 //! A mirror smaller than the dataset keeps the shards it admitted and serves
 //! the rest by range: it is a cache, never a copy that must hold everything.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -42,6 +45,9 @@ const MAX_RANGE: u64 = 8 << 20;
 const HELD_BYTES: u64 = 256 << 20;
 /// Whole-shard fetches of one cache running at once.
 const WHOLE_IN_FLIGHT: usize = 2;
+/// How long a read waits for its shard's whole fetch before it fetches its
+/// record alone (a fetch that slow is failing).
+const WHOLE_WAIT: Duration = Duration::from_secs(60);
 
 /// The planned reads of one cache on object storage.
 pub(super) struct Planned {
@@ -51,6 +57,8 @@ pub(super) struct Planned {
     dir: PathBuf,
     mirror: PathBuf,
     state: Mutex<State>,
+    /// Signalled when a whole-shard fetch ends.
+    landed: Condvar,
 }
 
 #[derive(Default)]
@@ -64,7 +72,9 @@ struct State {
     spent: HashMap<u32, u64>,
     /// Shards fetched whole, or being fetched, into the mirror.
     whole: HashSet<u32>,
-    whole_running: usize,
+    /// Shards being fetched whole now: their records are read from the
+    /// mirror once they land (`landed`), not fetched twice.
+    fetching: HashSet<u32>,
 }
 
 /// A planned record: the request that brings it, where it starts in that
@@ -83,6 +93,7 @@ impl Planned {
             dir: dir.to_path_buf(),
             mirror: mirror.to_path_buf(),
             state: Mutex::new(State::default()),
+            landed: Condvar::new(),
         })
     }
 
@@ -119,8 +130,8 @@ impl Planned {
             let Some(file) = shards.get(shard as usize) else {
                 continue;
             };
-            if self.mirrored(file) {
-                continue; // read there (a warm mirror, or a whole fetch done)
+            if state.fetching.contains(&shard) || self.mirrored(file) {
+                continue; // read there (a warm mirror, or a whole fetch)
             }
             for range in coalesce(&offsets) {
                 let Ok(fetch) = self.bucket.fetch_range(&file.file, range.clone()) else {
@@ -156,23 +167,31 @@ impl Planned {
         let key = (record.shard, record.offset);
         let planned = {
             let mut state = self.lock();
-            match state.records.get_mut(&key) {
-                Some(held) => {
-                    held.readers = held.readers.saturating_sub(1);
-                    let taken = (held.fetch.clone(), held.start, held.len);
-                    if held.readers == 0 {
-                        state.records.remove(&key);
-                        state.held = state.held.saturating_sub(taken.2);
-                    }
-                    Some(taken)
+            if let Some(held) = state.records.get_mut(&key) {
+                held.readers = held.readers.saturating_sub(1);
+                let taken = (held.fetch.clone(), held.start, held.len, held.readers);
+                if taken.3 == 0 {
+                    state.records.remove(&key);
+                    state.held = state.held.saturating_sub(taken.2);
                 }
-                None if self.mirrored(file) => return Ok(None),
-                None => {
-                    *state.spent.entry(record.shard).or_default() +=
-                        record.stored_len + REQUEST_COST;
-                    self.consider_whole(&mut state, record.shard, file);
-                    None
+                Some((taken.0, taken.1, taken.2))
+            } else if state.fetching.contains(&record.shard) {
+                // The shard is on its way whole: read it there when it lands.
+                let shard = record.shard;
+                let (_state, waited) = self
+                    .landed
+                    .wait_timeout_while(state, WHOLE_WAIT, |s| s.fetching.contains(&shard))
+                    .unwrap_or_else(|p| p.into_inner());
+                if !waited.timed_out() && self.mirrored(file) {
+                    return Ok(None);
                 }
+                None
+            } else if self.mirrored(file) {
+                return Ok(None);
+            } else {
+                *state.spent.entry(record.shard).or_default() += record.stored_len + REQUEST_COST;
+                self.consider_whole(&mut state, record.shard, file);
+                None
             }
         };
         if let Some((fetch, start, len)) = planned {
@@ -194,13 +213,13 @@ impl Planned {
         if spent < file.bytes || state.whole.contains(&shard) {
             return;
         }
-        if state.whole_running >= WHOLE_IN_FLIGHT || !mirror::admit(&self.mirror, file.bytes) {
+        if state.fetching.len() >= WHOLE_IN_FLIGHT || !mirror::admit(&self.mirror, file.bytes) {
             // Asked again once its records have cost as much once more.
             state.spent.insert(shard, 0);
             return;
         }
         state.whole.insert(shard);
-        state.whole_running += 1;
+        state.fetching.insert(shard);
         let (this, file) = (self.clone(), file.clone());
         let started = std::thread::Builder::new()
             .name("drt-mirror-fetch".into())
@@ -210,18 +229,19 @@ impl Planned {
                         .download_known(&file.file, file.bytes, &this.dir.join(&file.file));
                 mirror::settle(file.bytes);
                 let mut state = this.lock();
-                state.whole_running -= 1;
+                state.fetching.remove(&shard);
                 if let Err(error) = fetched {
                     // Read by range until a later plan tries again.
                     eprintln!("warning: {error}");
                     state.whole.remove(&shard);
                     state.spent.insert(shard, 0);
                 }
+                this.landed.notify_all();
             });
         if started.is_err() {
             mirror::settle(file.bytes);
             state.whole.remove(&shard);
-            state.whole_running -= 1;
+            state.fetching.remove(&shard);
         }
     }
 }
