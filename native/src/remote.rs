@@ -14,7 +14,7 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -36,7 +36,8 @@ use health::{Health, Probe};
 const SINGLE_PUT_BYTES: u64 = 16 << 20;
 /// The part size of multipart uploads (S3's minimum is 5 MiB).
 const PART_BYTES: usize = 16 << 20;
-/// Parts of one upload, or ranges of one download, in flight at once.
+/// Parts of one file's upload, or ranges of one download, in flight at once
+/// (a 64 MiB shard is four parts of 16 MiB).
 const PARTS_IN_FLIGHT: usize = 4;
 /// Downloads are ranged requests of this size: each is short enough for the
 /// per-request timeout, and a failed one is retried alone.
@@ -384,44 +385,65 @@ impl Bucket {
 
     /// `upload`, telling `sent` of each piece of the file as it goes out.
     pub fn upload_counted(&self, path: &Path, name: &str, sent: &dyn Fn(u64)) -> Result<()> {
+        self.run(self.upload_one(path, name, sent))?
+    }
+
+    /// Upload each `(file, name)` of `files` as `upload` does, several at once
+    /// (`parts_in_flight`), telling `sent` of every piece as it goes out.
+    /// Returns at the first failure; what was uploaded stays (a publication
+    /// record written after them makes them visible, see `storage::upload`).
+    pub fn upload_files(&self, files: &[(PathBuf, String)], sent: &dyn Fn(u64)) -> Result<()> {
+        let at_once = parts_in_flight().div_ceil(PARTS_IN_FLIGHT).max(1);
+        let uploads = futures::stream::iter(files)
+            .map(|(path, name)| self.upload_one(path, name, sent))
+            .buffer_unordered(at_once);
+        self.run(async {
+            futures::pin_mut!(uploads);
+            while let Some(done) = uploads.next().await {
+                done?;
+            }
+            Ok(())
+        })?
+    }
+
+    async fn upload_one(&self, path: &Path, name: &str, sent: &dyn Fn(u64)) -> Result<()> {
         let key = self.key(name);
         let mut file = fs::File::open(path).at("cannot open", path)?;
         let size = file.metadata().at("cannot stat", path)?.len();
         if size <= SINGLE_PUT_BYTES {
             let mut bytes = Vec::with_capacity(size as usize);
             file.read_to_end(&mut bytes).at("cannot read", path)?;
-            self.run(self.store.put(&key, PutPayload::from(bytes)))?
+            self.store
+                .put(&key, PutPayload::from(bytes))
+                .await
                 .map_err(|e| self.error("write", name, e))?;
             sent(size);
             return Ok(());
         }
-        let uploaded: std::result::Result<(), Error> = self.run(async {
-            let upload = self
-                .store
-                .put_multipart(&key)
-                .await
-                .map_err(|e| self.error("start an upload of", name, e))?;
-            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
-            let mut buffer = vec![0u8; PART_BYTES];
-            loop {
-                let read = file.read(&mut buffer).at("cannot read", path)?;
-                if read == 0 {
-                    break;
-                }
-                writer
-                    .wait_for_capacity(PARTS_IN_FLIGHT)
-                    .await
-                    .map_err(|e| self.error("upload", name, e))?;
-                writer.write(&buffer[..read]);
-                sent(read as u64);
+        let upload = self
+            .store
+            .put_multipart(&key)
+            .await
+            .map_err(|e| self.error("start an upload of", name, e))?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        let mut buffer = vec![0u8; PART_BYTES];
+        loop {
+            let read = file.read(&mut buffer).at("cannot read", path)?;
+            if read == 0 {
+                break;
             }
             writer
-                .finish()
+                .wait_for_capacity(PARTS_IN_FLIGHT)
                 .await
-                .map(|_| ())
-                .map_err(|e| self.error("complete the upload of", name, e))
-        })?;
-        uploaded
+                .map_err(|e| self.error("upload", name, e))?;
+            writer.write(&buffer[..read]);
+            sent(read as u64);
+        }
+        writer
+            .finish()
+            .await
+            .map(|_| ())
+            .map_err(|e| self.error("complete the upload of", name, e))
     }
 
     /// Download `name` to `dest`: written to a temporary file beside it and
@@ -544,6 +566,20 @@ fn probe(store: &Arc<dyn ObjectStore>) -> Probe {
             let _ = store.head(&Key::from(".dataset-rt-probe")).await;
         }
         .boxed()
+    })
+}
+
+/// Parts of an upload of many files in flight at once, over the files
+/// uploaded together (`upload_files`): `DATASET_RT_PARTS_IN_FLIGHT`, 8 unless
+/// set (two 64 MiB shards at a time, four parts each).
+pub fn parts_in_flight() -> usize {
+    static LIMIT: OnceLock<usize> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("DATASET_RT_PARTS_IN_FLIGHT")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| (1..=256).contains(&n))
+            .unwrap_or(8)
     })
 }
 

@@ -14,7 +14,7 @@
 //! upload fails, saying which one is there, and removes its own files. A
 //! published cache is never replaced, as a local one is never overwritten.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -115,9 +115,13 @@ pub fn upload_cache(dir: &Path, base_url: &str, show_progress: bool) -> Result<U
     let label = format!("uploading {name}");
     let progress = progress::bar(show_progress, label, Some(bytes), Unit::Bytes);
     let versioned = bucket.child(&version);
-    for file in &files {
-        versioned.upload_counted(&dir.join(file), file, &|n| progress.inc(n))?;
-    }
+    let sources: Vec<(PathBuf, String)> = files
+        .iter()
+        .map(|file| (dir.join(file), file.to_string()))
+        .collect();
+    // The files before the publication record, several at once: the record
+    // alone makes them a published cache.
+    versioned.upload_files(&sources, &|n| progress.inc(n))?;
     let encoded = serde_json::to_vec(&record)
         .map_err(|e| Error::internal(format!("cannot encode a publication record: {e}")))?;
     if bucket.create(PUBLISHED, encoded)? {
