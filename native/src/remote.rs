@@ -492,7 +492,12 @@ impl Bucket {
             let ranges = (0..size.div_ceil(RANGE_BYTES))
                 .map(|i| i * RANGE_BYTES..((i + 1) * RANGE_BYTES).min(size));
             let mut parts = futures::stream::iter(ranges)
-                .map(|range| self.store.get_range(&key, range))
+                .map(|range| async {
+                    // Among the process's ranged reads: a whole-shard fetch
+                    // queues behind the records a stream needs first.
+                    let _permit = in_flight().acquire().await;
+                    self.store.get_range(&key, range).await
+                })
                 .buffered(PARTS_IN_FLIGHT);
             while let Some(part) = parts.next().await {
                 let part = part.map_err(|e| self.error("read", name, e))?;

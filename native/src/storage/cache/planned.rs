@@ -77,6 +77,14 @@ struct State {
     fetching: HashSet<u32>,
 }
 
+/// A record a plan asks for: its stored length, how many reads it was planned
+/// for, and where the stream first needs it (its index in the plan).
+struct Wanted {
+    len: u64,
+    readers: u32,
+    need: usize,
+}
+
 /// A planned record: the request that brings it, where it starts in that
 /// request's bytes, and how many reads it was planned for.
 struct Held {
@@ -110,11 +118,13 @@ impl Planned {
 
     /// Start fetching `records` (of shards `shards`), which a stream reads
     /// next in this order. Records of shards in the mirror are left alone.
+    /// Requests are sent in the order the stream needs their first record
+    /// (the store's queue of `requests_in_flight` serves them in that order).
     pub(super) fn plan(self: &Arc<Self>, shards: &[FileEntry], records: &[IndexEntry]) {
-        // Per shard, per offset: (stored length, reads planned).
-        let mut wanted: BTreeMap<u32, BTreeMap<u64, (u64, u32)>> = BTreeMap::new();
+        // Per shard, per offset: the record's length, reads planned, first need.
+        let mut wanted: BTreeMap<u32, BTreeMap<u64, Wanted>> = BTreeMap::new();
         let mut state = self.lock();
-        for record in records.iter().filter(|r| r.stored_len > 0) {
+        for (need, record) in records.iter().enumerate().filter(|(_, r)| r.stored_len > 0) {
             if let Some(held) = state.records.get_mut(&(record.shard, record.offset)) {
                 held.readers += 1;
                 continue;
@@ -123,36 +133,51 @@ impl Planned {
                 .entry(record.shard)
                 .or_default()
                 .entry(record.offset)
-                .or_insert((record.stored_len, 0));
-            slot.1 += 1;
+                .or_insert(Wanted {
+                    len: record.stored_len,
+                    readers: 0,
+                    need,
+                });
+            slot.readers += 1;
         }
-        for (shard, offsets) in wanted {
-            let Some(file) = shards.get(shard as usize) else {
+        let mut requests = Vec::new();
+        for (shard, offsets) in &wanted {
+            let Some(file) = shards.get(*shard as usize) else {
                 continue;
             };
-            if state.fetching.contains(&shard) || self.mirrored(file) {
+            if state.fetching.contains(shard) || self.mirrored(file) {
                 continue; // read there (a warm mirror, or a whole fetch)
             }
-            for range in coalesce(&offsets) {
-                let Ok(fetch) = self.bucket.fetch_range(&file.file, range.clone()) else {
-                    return; // no runtime: every read fetches for itself
-                };
-                *state.spent.entry(shard).or_default() += range.end - range.start + REQUEST_COST;
-                for (&offset, &(len, readers)) in offsets.range(range.clone()) {
-                    state.records.insert(
-                        (shard, offset),
-                        Held {
-                            fetch: fetch.clone(),
-                            start: range.start,
-                            len,
-                            readers,
-                        },
-                    );
-                    state.order.push_back((shard, offset));
-                    state.held += len;
-                }
+            for range in coalesce(offsets) {
+                let need = offsets.range(range.clone()).map(|(_, w)| w.need).min();
+                requests.push((need.unwrap_or(0), *shard, range));
             }
-            self.consider_whole(&mut state, shard, file);
+        }
+        requests.sort_by_key(|(need, _, _)| *need);
+        for (_, shard, range) in requests {
+            let file = &shards[shard as usize];
+            let Ok(fetch) = self.bucket.fetch_range(&file.file, range.clone()) else {
+                return; // no runtime: every read fetches for itself
+            };
+            *state.spent.entry(shard).or_default() += range.end - range.start + REQUEST_COST;
+            for (&offset, wanted) in wanted[&shard].range(range.clone()) {
+                state.records.insert(
+                    (shard, offset),
+                    Held {
+                        fetch: fetch.clone(),
+                        start: range.start,
+                        len: wanted.len,
+                        readers: wanted.readers,
+                    },
+                );
+                state.order.push_back((shard, offset));
+                state.held += wanted.len;
+            }
+        }
+        for shard in wanted.keys() {
+            if let Some(file) = shards.get(*shard as usize) {
+                self.consider_whole(&mut state, *shard, file);
+            }
         }
         forget_oldest(&mut state);
     }
@@ -246,12 +271,12 @@ impl Planned {
     }
 }
 
-/// The requests that fetch `offsets` (offset → (length, readers)), in order:
-/// neighbours closer than `COALESCE_GAP` share one, up to `MAX_RANGE` bytes.
-fn coalesce(offsets: &BTreeMap<u64, (u64, u32)>) -> Vec<std::ops::Range<u64>> {
+/// The requests that fetch `offsets`, in order: neighbours closer than
+/// `COALESCE_GAP` share one, up to `MAX_RANGE` bytes.
+fn coalesce(offsets: &BTreeMap<u64, Wanted>) -> Vec<std::ops::Range<u64>> {
     let mut ranges: Vec<std::ops::Range<u64>> = Vec::new();
-    for (&offset, &(len, _)) in offsets {
-        let end = offset + len;
+    for (&offset, wanted) in offsets {
+        let end = offset + wanted.len;
         match ranges.last_mut() {
             Some(last) if offset <= last.end + COALESCE_GAP && end - last.start <= MAX_RANGE => {
                 last.end = last.end.max(end);
@@ -295,8 +320,13 @@ mod tests {
     #[test]
     fn neighbours_share_a_request_and_far_records_do_not() {
         let mut offsets = BTreeMap::new();
+        let wanted = |len| Wanted {
+            len,
+            readers: 1,
+            need: 0,
+        };
         for (offset, len) in [(0, 100), (100, 100), (60_000, 10), (1 << 20, 5)] {
-            offsets.insert(offset, (len, 1));
+            offsets.insert(offset, wanted(len));
         }
         assert_eq!(
             coalesce(&offsets),
@@ -304,7 +334,7 @@ mod tests {
         );
         let mut long = BTreeMap::new();
         for i in 0..20u64 {
-            long.insert(i << 20, (1 << 20, 1));
+            long.insert(i << 20, wanted(1 << 20));
         }
         let ranges = coalesce(&long);
         assert!(
