@@ -28,8 +28,10 @@ from dataset_rt.service import StreamRequest
 
 #: Batches each sub-stream may hold ahead of the merge.
 DEPTH = 4
-#: Rows of one sub-stream per merged piece (a multiple of the block).
-PIECE_ROWS = 4096
+#: Bytes of one merged piece, over the sub-streams: interleaving copies them.
+PIECE_BYTES = 4 << 20
+#: Blocks of at least this many bytes are passed on as slices, not copied.
+SLICE_BYTES = 64 << 10
 #: The most sub-streams one rank may open.
 MAX_STREAMS = 64
 
@@ -79,7 +81,15 @@ def _merge(
     while m < blocks and ((m == first_block and into > 0) or m % count != 0):
         yield from pumps[m % count].take(block - (into if m == first_block else 0))
         m += 1
-    rounds_per_piece = max(1, PIECE_ROWS // block)
+    if m >= blocks:
+        return
+    block_bytes = block * pumps[m % count].row_bytes()
+    if block_bytes >= SLICE_BYTES:
+        # Large blocks: handed on as the slices they arrived in, no copy.
+        for rank_block in range(m, blocks):
+            yield from pumps[rank_block % count].take(block)
+        return
+    rounds_per_piece = max(1, PIECE_BYTES // (block_bytes * count))
     while m < blocks:  # whole rounds: `blocks` is a multiple of K
         rounds = min(rounds_per_piece, (blocks - m) // count)
         rows = rounds * block
@@ -137,20 +147,30 @@ class _Pump:
                 continue
         return False
 
+    def row_bytes(self) -> int:
+        """Bytes per row of the next batch (at least 1), waiting for it."""
+        if not self._held:
+            self._held.append(self._next())
+        batch = self._held[0]
+        return max(1, int(batch.nbytes) // max(1, batch.num_rows))
+
+    def _next(self) -> pa.RecordBatch:
+        item = self._queue.get()
+        if isinstance(item, _Failed):
+            raise item.error
+        if isinstance(item, _End):
+            raise RuntimeError(
+                f"{self._name} ended before the rows the partition rule gives it; the "
+                "server's stream is shorter than its ticket"
+            )
+        return item
+
     def take(self, rows: int) -> list[pa.RecordBatch]:
         """The next ``rows`` rows, as slices of the batches received."""
         out: list[pa.RecordBatch] = []
         while rows > 0:
             if not self._held:
-                item = self._queue.get()
-                if isinstance(item, _Failed):
-                    raise item.error
-                if isinstance(item, _End):
-                    raise RuntimeError(
-                        f"{self._name} ended {rows} rows short of what the partition "
-                        "rule gives it; the server's stream is shorter than its ticket"
-                    )
-                self._held.append(item)
+                self._held.append(self._next())
             batch = self._held.pop(0)
             if batch.num_rows > rows:
                 self._held.insert(0, batch.slice(rows))
