@@ -151,8 +151,9 @@ class _Pump:
         """Bytes per row of the next batch (at least 1), waiting for it."""
         if not self._held:
             self._held.append(self._next())
-        batch = self._held[0]
-        return max(1, int(batch.nbytes) // max(1, batch.num_rows))
+        size: int = self._held[0].nbytes
+        rows: int = self._held[0].num_rows
+        return max(1, size // max(1, rows))
 
     def _next(self) -> pa.RecordBatch:
         item = self._queue.get()
