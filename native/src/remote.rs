@@ -493,9 +493,11 @@ impl Bucket {
                 .map(|i| i * RANGE_BYTES..((i + 1) * RANGE_BYTES).min(size));
             let mut parts = futures::stream::iter(ranges)
                 .map(|range| async {
-                    // Among the process's ranged reads: a whole-shard fetch
-                    // queues behind the records a stream needs first.
-                    let _permit = in_flight().acquire().await;
+                    // Whole objects take few of the store's requests at once
+                    // (`DOWNLOADS_IN_FLIGHT` ranges of 32 MiB in the process),
+                    // so the records a stream waits for are not queued behind
+                    // a mirror filling up.
+                    let _permit = downloads().acquire().await;
                     self.store.get_range(&key, range).await
                 })
                 .buffered(PARTS_IN_FLIGHT);
@@ -601,6 +603,14 @@ pub fn requests_in_flight() -> usize {
             .filter(|&n| (1..=4096).contains(&n))
             .unwrap_or(32)
     })
+}
+
+/// Ranges of whole-object downloads in flight in the process (`download`).
+const DOWNLOADS_IN_FLIGHT: usize = 2;
+
+fn downloads() -> &'static tokio::sync::Semaphore {
+    static SEMAPHORE: OnceLock<tokio::sync::Semaphore> = OnceLock::new();
+    SEMAPHORE.get_or_init(|| tokio::sync::Semaphore::new(DOWNLOADS_IN_FLIGHT))
 }
 
 fn in_flight() -> &'static tokio::sync::Semaphore {
