@@ -630,6 +630,11 @@ def setup(config: Config, ceph: CephS3, root: Path, mds_skipped: str | None) -> 
 
     os.environ.update(ceph.environment())
     ceph.create_bucket(BUCKET)
+    # A fresh Ceph creates its data pools at the first write (a few seconds):
+    # paid here by a throwaway upload of 20 MiB (one multipart shard), not by
+    # whichever system uploads first.
+    warmup, _ = common.write_cache("warmup", 320, 64 << 10, root / "warmup")
+    drt._native.upload_cache(str(warmup), f"s3://{BUCKET}/warmup")
     cache, write_s = common.write_cache(DATASET, config.count, config.size, root / "caches")
     started = time.perf_counter()
     uploaded = drt._native.upload_cache(str(cache), f"s3://{BUCKET}/{OURS_PREFIX}")
