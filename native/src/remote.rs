@@ -581,13 +581,7 @@ fn probe(store: &Arc<dyn ObjectStore>) -> Probe {
 /// set (two 64 MiB shards at a time, four parts each).
 pub fn parts_in_flight() -> usize {
     static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        std::env::var("DATASET_RT_PARTS_IN_FLIGHT")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| (1..=256).contains(&n))
-            .unwrap_or(8)
-    })
+    *LIMIT.get_or_init(|| env_count("DATASET_RT_PARTS_IN_FLIGHT", 8, 256))
 }
 
 /// Ranged requests of the whole process in flight at once (planned reads,
@@ -596,13 +590,17 @@ pub fn parts_in_flight() -> usize {
 /// at once: 2 GiB/s), few enough for one replica to stay a polite client.
 pub fn requests_in_flight() -> usize {
     static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        std::env::var("DATASET_RT_REQUESTS_IN_FLIGHT")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| (1..=4096).contains(&n))
-            .unwrap_or(32)
-    })
+    *LIMIT.get_or_init(|| env_count("DATASET_RT_REQUESTS_IN_FLIGHT", 32, 4096))
+}
+
+/// The count in the environment variable `name` when it is one from 1 to
+/// `max`, else `default`.
+fn env_count(name: &str, default: usize, max: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| (1..=max).contains(&n))
+        .unwrap_or(default)
 }
 
 /// Ranges of whole-object downloads in flight in the process (`download`).
@@ -640,10 +638,10 @@ impl Fetch {
                 self.len,
                 bytes.len()
             ))),
-            Err(_) if self.bucket.health.down_for().is_some() => Err(self
-                .bucket
-                .down(self.bucket.health.down_for().unwrap_or_default())),
             Err(e) => {
+                if let Some(down) = self.bucket.health.down_for() {
+                    return Err(self.bucket.down(down));
+                }
                 let error =
                     Arc::try_unwrap(e).unwrap_or_else(|shared| object_store::Error::Generic {
                         store: "object storage",
@@ -652,15 +650,6 @@ impl Fetch {
                 Err(self.bucket.error("read", &self.name, error))
             }
         }
-    }
-
-    /// The length asked for.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::remote::{Bucket, Fetch};
 use crate::storage::index::IndexEntry;
 use crate::storage::manifest::FileEntry;
@@ -306,15 +306,6 @@ fn forget_oldest(state: &mut State) {
         let records = &state.records;
         state.order.retain(|key| records.contains_key(key));
     }
-}
-
-/// The error for a shard that a mirror fetched but lost before it was opened.
-pub(super) fn evicted_before_open(path: &Path) -> Error {
-    Error::Unavailable(format!(
-        "{} was fetched into the mirror but removed again before it could be opened; \
-         the mirror's budget (--mirror-max-bytes) is smaller than the shards read at once",
-        path.display()
-    ))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
-use super::planned::{self, Planned};
+use super::planned::Planned;
 use super::shard::Shard;
 use super::source::ShardSource;
 use super::Cache;
@@ -54,7 +54,7 @@ impl ShardSource for Mirrored {
             self.bucket.download_known(&entry.file, entry.bytes, path)?;
             mirror::evict(&self.mirror, path);
         }
-        Err(planned::evicted_before_open(path))
+        Err(evicted_before_open(path))
     }
 
     fn record(&self, shard: &FileEntry, record: &IndexEntry) -> Result<Option<Bytes>> {
@@ -68,6 +68,15 @@ impl ShardSource for Mirrored {
     fn refetches(&self) -> bool {
         true
     }
+}
+
+/// The error for a shard that a mirror fetched but lost before it was opened.
+pub(super) fn evicted_before_open(path: &Path) -> Error {
+    Error::Unavailable(format!(
+        "{} was fetched into the mirror but removed again before it could be opened; \
+         the mirror's budget (--mirror-max-bytes) is smaller than the shards read at once",
+        path.display()
+    ))
 }
 
 impl Cache {
