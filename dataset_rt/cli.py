@@ -164,7 +164,7 @@ def _import(args: argparse.Namespace) -> int:
     # From the manifest the writer just published (or the existing cache's, checked
     # before it was reused): opening the cache would map and hash index.bin and
     # metadata.arrow again, gigabytes at 10^8 rows.
-    info = _native.inspect_cache(str(path), manifest_only=True)
+    info = _native.describe_manifest(str(path))
     done = "reused (it holds these records), " if reused else ""
     print(
         f"ok: {args.name} -> {path}: {done}{info.record_count} records, "

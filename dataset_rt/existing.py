@@ -52,7 +52,7 @@ def write_or_reuse(
     existed = target.exists()
     if existed:
         _native.check_cache(str(target), full_check)
-        existing = _native.inspect_cache(str(target), manifest_only=True)  # just checked
+        existing = _native.describe_manifest(str(target))  # just checked
         if records is not None and records != existing.record_count:
             raise InvalidArgumentError(
                 f"{target} already exists and holds other records (cache_id "

@@ -1,5 +1,6 @@
 """Commands run at a terminal (a pty), for the tests of what is drawn only there
-(tests/test_progress.py, tests/test_object_store.py)."""
+(tests/test_progress.py, tests/test_object_store.py, tests/test_ingest.py,
+tests/audit/test_audit_cli.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def on_a_terminal(
     """What ``command`` wrote to a terminal (200 columns) on stderr, and on
     stdout too with ``stdout_too`` (as a user at a terminal sees both). A
     command that runs until stopped (a server) gets SIGTERM once ``stop_after``
-    was written."""
+    was written. The command must exit with 0 (the assertion shows what it wrote)."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 200, 0, 0))
     # The terminal's own size, not one left in the environment (readline, once
@@ -45,7 +46,9 @@ def on_a_terminal(
             if stop_after is not None and stop_after in b"".join(chunks):
                 process.send_signal(signal.SIGTERM)
                 stop_after = None
-        assert process.wait(timeout=120) == 0
+        code = process.wait(timeout=120)
     finally:
         os.close(leader)
-    return b"".join(chunks).decode(errors="replace")
+    output = b"".join(chunks).decode(errors="replace")
+    assert code == 0, f"{command} exited with {code}:\n{output}"
+    return output

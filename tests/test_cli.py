@@ -69,7 +69,7 @@ def test_inspect_prints_the_manifest_summary(cache: Path) -> None:
 
 
 def test_inspect_from_the_manifest_alone_reads_no_other_file(cache: Path, tmp_path: Path) -> None:
-    """``manifest_only`` (what ``import`` prints from) describes a cache by its
+    """``describe_manifest`` (what ``import`` prints from) describes a cache by its
     checked manifest: the other files are not read, so damage to them goes unseen
     here and is refused by a full inspect."""
     copy = tmp_path / cache.name
@@ -82,14 +82,14 @@ def test_inspect_from_the_manifest_alone_reads_no_other_file(cache: Path, tmp_pa
     with pytest.raises(drt.CorruptCacheError, match=r"metadata\.arrow"):
         _native.inspect_cache(str(copy))
     full = _native.inspect_cache(str(cache))
-    alone = _native.inspect_cache(str(copy), manifest_only=True)
+    alone = _native.describe_manifest(str(copy))
     fields = ("source_name", "cache_id", "record_count", "payload_bytes", "stored_bytes")
     assert [getattr(alone, f) for f in fields] == [getattr(full, f) for f in fields]
     assert [s.file for s in alone.shards] == [s.file for s in full.shards]
     assert alone.columns == full.columns
     (copy / "manifest.json").write_text((copy / "manifest.json").read_text().replace("30", "31"))
     with pytest.raises(drt.CorruptCacheError, match=r"manifest\.json"):
-        _native.inspect_cache(str(copy), manifest_only=True)
+        _native.describe_manifest(str(copy))
 
 
 def test_inspect_json_is_the_manifest(cache: Path) -> None:

@@ -7,8 +7,6 @@ error classes) and leaves no cache.
 
 from __future__ import annotations
 
-import os
-import pty
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import ListSource, make_records
+from terminal import on_a_terminal
 
 import dataset_rt as drt
 from dataset_rt import _native
@@ -399,30 +398,13 @@ def test_an_import_past_one_metadata_batch_is_the_cache_of_before(
     assert (error.value.column, error.value.row, error.value.count) == ("label", wrong, 1)
 
 
-def _cli(*args: str | Path, terminal: bool = False) -> tuple[int, str, str]:
-    command = [sys.executable, "-m", "dataset_rt", "import", *map(str, args)]
-    if not terminal:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        return done.returncode, done.stdout, done.stderr
-    leader, follower = pty.openpty()
-    try:
-        process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=follower
-        )
-        os.close(follower)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:  # the follower side closed
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        code = process.wait(timeout=120)
-    finally:
-        os.close(leader)
-    return code, "", b"".join(chunks).decode(errors="replace")
+def _import_command(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "dataset_rt", "import", *map(str, args)]
+
+
+def _cli(*args: str | Path) -> tuple[int, str, str]:
+    done = subprocess.run(_import_command(*args), capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_the_import_command_writes_the_cache(runtime: drt.DatasetRuntime, tmp_path: Path) -> None:
@@ -451,9 +433,7 @@ def test_the_import_summary_is_read_from_the_manifest_alone(
     opened: list[str] = []
     inspect, check = _native.inspect_cache, _native.check_cache
 
-    def spy_inspect(path: str, *, manifest_only: bool = False) -> _native.CacheInfo:
-        if manifest_only:
-            return inspect(path, manifest_only=True)
+    def spy_inspect(path: str) -> _native.CacheInfo:
         opened.append(f"inspect {path}")
         return inspect(path)
 
@@ -481,11 +461,11 @@ def test_the_import_summary_is_read_from_the_manifest_alone(
 
 def test_the_import_command_draws_progress_on_a_terminal(tmp_path: Path) -> None:
     pq.write_table(_table(make_records(3000)), tmp_path / "data.parquet")
-    code, _, err = _cli(
+    command = _import_command(
         tmp_path / "data.parquet", "--payload-column", "data", "--name", NAME,
-        "--base-dir", tmp_path, terminal=True,
+        "--base-dir", tmp_path,
     )  # fmt: skip
-    assert code == 0, err
+    err = on_a_terminal(command)  # asserts the exit code 0, showing what was drawn
     assert f"writing {NAME}" in err
     assert "3000/3000 records" in err
     assert "MiB" in err

@@ -40,7 +40,7 @@ from typing import Any
 import pyarrow as pa
 from typing_extensions import Unpack
 
-from dataset_rt.batches import BatchLoader, StreamOptions, process_group_share
+from dataset_rt.batches import BatchLoader, StreamOptions, numpy_column, process_group_share
 from dataset_rt.errors import InvalidArgumentError
 from dataset_rt.loader import RunState, StreamSource, blocks
 from dataset_rt.signals import log as input_log
@@ -91,10 +91,11 @@ def _exact_columns(table: pa.Table) -> list[str]:
 
 
 def _exact_values(column: pa.ChunkedArray, *, tensor: bool) -> Any:
-    """A kept column: bytes as bytes, uint64 as a uint64 array or tensor."""
+    """A kept column: bytes as bytes, uint64 as a uint64 array or tensor (a new,
+    writable array: `numpy_column`, without pyarrow's pandas import)."""
     if not pa.types.is_uint64(column.type):
         return column.to_pylist()
-    values = column.to_numpy().copy()
+    values = numpy_column(column)
     return torch.from_numpy(values) if tensor else values
 
 

@@ -39,9 +39,7 @@ use arrow_array::{ArrayRef, Float64Array, RecordBatch};
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use dataset_rt_native::population::{canonical, validate_table, Population};
 use dataset_rt_native::sampling::{word_at, ShuffleMode, StreamOrder, StreamWindow};
-use dataset_rt_native::storage::{
-    CacheSet, CacheWriter, ColumnSpec, EncodedRecord, MetaType, MetaValue, WriterOptions,
-};
+use dataset_rt_native::storage::{CacheSet, WriterOptions};
 use dataset_rt_native::stream::{
     draw_rows, BatchContext, Draw, EpochStream, StreamOptions, WorkerPool,
 };
@@ -102,24 +100,14 @@ impl Fixtures {
             _ => (&self.mib, "mib", MIB_RECORDS),
         };
         cell.get_or_init(|| {
-            let dir = write_cache(self.dir.path(), name, records, size, &[]);
+            let dir = write_cache(self.dir.path(), name, records, size, false);
             Arc::new(CacheSet::open(&[dir], false).expect("open the cache"))
         })
     }
 
     fn rows(&self) -> &Arc<CacheSet> {
         self.rows.get_or_init(|| {
-            let columns = [
-                ColumnSpec {
-                    name: "label".into(),
-                    dtype: MetaType::Int64,
-                },
-                ColumnSpec {
-                    name: "split".into(),
-                    dtype: MetaType::String,
-                },
-            ];
-            let dir = write_cache(self.dir.path(), "rows", ROWS, 16, &columns);
+            let dir = write_cache(self.dir.path(), "rows", ROWS, 16, true);
             Arc::new(CacheSet::open(&[dir], false).expect("open the cache"))
         })
     }
@@ -154,38 +142,35 @@ impl Fixtures {
     }
 }
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 /// Write `records` records of `size` bytes (pseudo-random, uncompressed) to
-/// `base/name`; the metadata columns, if any, are `label` (i % 10) and `split`.
+/// `base/name` (`common::write_cache`), `labelled` or not.
 fn write_cache(
     base: &Path,
     name: &str,
     records: u64,
     size: usize,
-    columns: &[ColumnSpec],
+    labelled: bool,
 ) -> std::path::PathBuf {
-    let options = WriterOptions::default();
-    let mut writer =
-        CacheWriter::create(base, name, columns.to_vec(), options).expect("create the cache");
-    for i in 0..records {
-        let mut payload = Vec::with_capacity(size);
-        let mut k = i * size as u64;
-        while payload.len() < size {
-            payload.extend_from_slice(&word_at(7, k).to_le_bytes());
-            k += 1;
-        }
-        payload.truncate(size);
-        let record = EncodedRecord::encode(payload, options.compression).expect("encode");
-        let metadata: Vec<MetaValue> = if columns.is_empty() {
-            Vec::new()
-        } else {
-            vec![
-                MetaValue::Int((i % 10) as i64),
-                MetaValue::Str(if i % 5 == 0 { "val" } else { "train" }.into()),
-            ]
-        };
-        writer.append(&record, &metadata).expect("append");
-    }
-    writer.finish().expect("publish the cache").0
+    common::write_cache(
+        base,
+        name,
+        records,
+        WriterOptions::default(),
+        labelled,
+        |i| {
+            let mut payload = Vec::with_capacity(size);
+            let mut k = i * size as u64;
+            while payload.len() < size {
+                payload.extend_from_slice(&word_at(7, k).to_le_bytes());
+                k += 1;
+            }
+            payload.truncate(size);
+            payload
+        },
+    )
 }
 
 fn size_name(size: usize) -> &'static str {

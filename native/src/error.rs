@@ -185,6 +185,25 @@ impl Error {
         }
     }
 
+    /// This error, when it is a full volume at the temporary entry `temp` or
+    /// below it, naming `target` (and the same path below it) instead: a
+    /// failed write removes its temporary entry, so the path to report is
+    /// the one the write was for, on the volume that needs space. Every
+    /// other error is returned as it is.
+    pub fn naming_target(self, temp: &Path, target: &Path) -> Self {
+        match self {
+            Error::StorageFull { action, path } => {
+                let path = match path.strip_prefix(temp) {
+                    Ok(below) if below.as_os_str().is_empty() => target.to_path_buf(),
+                    Ok(below) => target.join(below),
+                    Err(_) => path,
+                };
+                Error::StorageFull { action, path }
+            }
+            other => other,
+        }
+    }
+
     /// A rejection that is about the whole table rather than rows of a column.
     pub fn population(message: impl Into<String>) -> Self {
         Error::InvalidPopulation {
@@ -304,5 +323,40 @@ pub trait IoContext<T> {
 impl<T> IoContext<T> for std::io::Result<T> {
     fn at(self, action: &'static str, path: &Path) -> Result<T> {
         self.map_err(|source| Error::io(action, path, source))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(path: &str) -> Error {
+        let enospc = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        Error::io("cannot write", Path::new(path), enospc)
+    }
+
+    #[test]
+    fn a_full_volume_is_named_at_the_target_not_at_the_temporary_entry() {
+        let (temp, target) = (Path::new("/base/.c.partial-1"), Path::new("/base/c"));
+        let named = |e: Error| e.naming_target(temp, target).to_string();
+        assert_eq!(
+            named(full("/base/.c.partial-1/metadata.arrow")),
+            full("/base/c/metadata.arrow").to_string()
+        );
+        assert_eq!(
+            named(full("/base/.c.partial-1")),
+            full("/base/c").to_string()
+        );
+        // Elsewhere, or not a full volume: as it was.
+        assert_eq!(named(full("/base/d/x")), full("/base/d/x").to_string());
+        let other = Error::io(
+            "cannot write",
+            Path::new("/base/.c.partial-1/x"),
+            std::io::Error::other("refused"),
+        );
+        assert!(
+            matches!(other.naming_target(temp, target), Error::Io { path, .. }
+            if path == Path::new("/base/.c.partial-1/x"))
+        );
     }
 }

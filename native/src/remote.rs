@@ -29,6 +29,8 @@ use object_store::{
 use crate::error::{Error, IoContext, Result};
 use crate::storage::temp::LockedTemp;
 
+#[cfg(test)]
+pub(crate) mod counting;
 mod health;
 use health::{Health, Probe};
 
@@ -450,19 +452,34 @@ impl Bucket {
     /// renamed into place, so `dest` is whole or absent. `NotFound` when the
     /// object does not exist.
     pub fn download(&self, name: &str, dest: &Path) -> Result<()> {
-        self.download_counted(name, dest, &|_| {})
+        self.download_counted(name, dest, &|_| {}, &|_| {})
     }
 
-    /// `download`, telling `received` of each piece of the object as it is
+    /// `download`, telling `sized` the object's size once its one `HEAD`
+    /// has answered (before any byte arrives; a caller need not ask for the
+    /// size itself) and `received` of each piece of the object as it is
     /// written.
-    pub fn download_counted(&self, name: &str, dest: &Path, received: &dyn Fn(u64)) -> Result<()> {
-        self.download_sized(name, None, dest, received)
+    pub fn download_counted(
+        &self,
+        name: &str,
+        dest: &Path,
+        sized: &dyn Fn(u64),
+        received: &dyn Fn(u64),
+    ) -> Result<()> {
+        self.download_sized(name, None, dest, sized, received)
     }
 
     /// `download` of an object whose size the caller knows (a shard, from
-    /// its manifest): its ranges are asked for at once, with no `HEAD` first.
-    pub fn download_known(&self, name: &str, size: u64, dest: &Path) -> Result<()> {
-        self.download_sized(name, Some(size), dest, &|_| {})
+    /// its manifest; an object it has looked up): its ranges are asked for
+    /// at once, with no `HEAD` first. `received` is told of each piece.
+    pub fn download_known(
+        &self,
+        name: &str,
+        size: u64,
+        dest: &Path,
+        received: &dyn Fn(u64),
+    ) -> Result<()> {
+        self.download_sized(name, Some(size), dest, &|_| {}, received)
     }
 
     fn download_sized(
@@ -470,6 +487,7 @@ impl Bucket {
         name: &str,
         known: Option<u64>,
         dest: &Path,
+        sized: &dyn Fn(u64),
         received: &dyn Fn(u64),
     ) -> Result<()> {
         let dir = dest.parent().unwrap_or(Path::new("."));
@@ -489,6 +507,7 @@ impl Bucket {
                         .size
                 }
             };
+            sized(size);
             let ranges = (0..size.div_ceil(RANGE_BYTES))
                 .map(|i| i * RANGE_BYTES..((i + 1) * RANGE_BYTES).min(size));
             let mut parts = futures::stream::iter(ranges)
@@ -515,7 +534,8 @@ impl Bucket {
         if kept.is_err() {
             let _ = fs::remove_file(temp.path());
         }
-        kept
+        // A full volume is named at `dest`, not at the file just removed.
+        kept.map_err(|e| e.naming_target(temp.path(), dest))
     }
 
     /// Start fetching bytes `range` of `name` now, in the background, among

@@ -14,43 +14,27 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema};
 use dataset_rt_native::population::Population;
 use dataset_rt_native::sampling::{Partition, ShuffleMode, StreamOrder, StreamWindow};
-use dataset_rt_native::storage::{
-    Cache, CacheSet, CacheWriter, Codec, ColumnSpec, Compression, EncodedRecord, MetaType,
-    MetaValue, WriterOptions,
-};
+use dataset_rt_native::storage::{Cache, CacheSet, Codec, Compression, WriterOptions};
 use dataset_rt_native::stream::{BatchContext, EpochStream, StreamOptions, WorkerPool};
 use dataset_rt_native::Error;
 use proptest::prelude::*;
 
+#[path = "common/mod.rs"]
+mod common;
+
+/// A labelled cache of `n` records (`common::write_cache`); record `i` is
+/// `"{name}-{i}-"` repeated `1 + i % 5` times.
 fn write_cache(base: &Path, name: &str, n: u64, codec: Codec, max_shard_bytes: u64) -> PathBuf {
-    let columns = vec![
-        ColumnSpec {
-            name: "label".into(),
-            dtype: MetaType::Int64,
-        },
-        ColumnSpec {
-            name: "split".into(),
-            dtype: MetaType::String,
-        },
-    ];
     let options = WriterOptions {
         max_shard_bytes: NonZeroU64::new(max_shard_bytes).unwrap(),
         compression: Compression::new(codec, 3).unwrap(),
         ..WriterOptions::default()
     };
-    let mut writer = CacheWriter::create(base, name, columns, options).unwrap();
-    for i in 0..n {
-        let payload = format!("{name}-{i}-")
+    common::write_cache(base, name, n, options, true, |i| {
+        format!("{name}-{i}-")
             .repeat(1 + (i % 5) as usize)
-            .into_bytes();
-        let record = EncodedRecord::encode(payload, options.compression).unwrap();
-        let meta = [
-            MetaValue::Int((i % 3) as i64),
-            MetaValue::Str(if i % 2 == 0 { "train" } else { "val" }.into()),
-        ];
-        writer.append(&record, &meta).unwrap();
-    }
-    writer.finish().unwrap().0
+            .into_bytes()
+    })
 }
 
 fn caches(base: &Path) -> Arc<CacheSet> {
@@ -202,14 +186,10 @@ fn write_mixed_cache(base: &Path, name: &str, codec: Codec) -> PathBuf {
         compression: Compression::new(codec, 1).unwrap(),
         ..WriterOptions::default()
     };
-    let mut writer = CacheWriter::create(base, name, vec![], options).unwrap();
-    for i in 0..6u8 {
+    common::write_cache(base, name, 6, options, false, |i| {
         let len = if i % 2 == 0 { 1 << 10 } else { 300 << 10 };
-        let payload: Vec<u8> = (0..len).map(|j| (j % 251) as u8 ^ i).collect();
-        let record = EncodedRecord::encode(payload, options.compression).unwrap();
-        writer.append(&record, &[]).unwrap();
-    }
-    writer.finish().unwrap().0
+        (0..len).map(|j| (j % 251) as u8 ^ i as u8).collect()
+    })
 }
 
 /// The payloads of one in-order epoch with large records left in place,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from terminal import on_a_terminal
 
 from dataset_rt.audit import MANIFEST_COLUMNS, RunDescription
 from dataset_rt.audit_cli import EXIT_BAD_INPUT, EXIT_DEVIATION
@@ -230,35 +231,12 @@ def test_a_terminal_gets_a_progress_bar(source: LocalSource, tmp_path: Path) -> 
     state = saved_state(source, population, tmp_path / "s.json", epoch_len=2_000_000)
     command = [sys.executable, "-m", "dataset_rt", "audit", str(state), *where(source)]
     command += ["--manifest", str(tmp_path / "m.parquet")]
-    text = _on_a_terminal(command)
+    text = on_a_terminal(command)
     assert "manifest" in text
     assert "━" in text  # rich's bar
     assert "2000000/2000000" in text  # rows written of the manifest's rows
     piped = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
     assert "━" not in piped.stderr
-
-
-def _on_a_terminal(command: list[str]) -> str:
-    """What ``command`` draws on stderr when it is a (pseudo-)terminal."""
-    import os
-    import pty
-
-    leader, follower = pty.openpty()
-    try:
-        subprocess.run(command, stdout=subprocess.PIPE, stderr=follower, timeout=120, check=True)
-        os.close(follower)
-        drawn = b""
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal closed: everything was read
-                break
-            if not chunk:
-                break
-            drawn += chunk
-    finally:
-        os.close(leader)
-    return drawn.decode(errors="replace")
 
 
 def test_the_report_step_shows_its_progress_on_a_terminal_only(
@@ -270,12 +248,12 @@ def test_the_report_step_shows_its_progress_on_a_terminal_only(
     state = saved_state(source, population, tmp_path / "s.json", epoch_len=400_000)
     command = [sys.executable, "-m", "dataset_rt", "audit", str(state), *where(source)]
     command += ["--group", "label", "--steps", "0:5000"]  # 5,000 steps x 2 ranks x 32
-    drawn = _on_a_terminal(command)
+    drawn = on_a_terminal(command)
     assert "━" in drawn
     assert "400000/400000" in drawn  # the manifest's rows (of a temporary manifest)
     assert "report" in drawn
     assert "320000/320000" in drawn  # the draws the report counted
-    quiet = _on_a_terminal([*command, "--quiet"])
+    quiet = on_a_terminal([*command, "--quiet"])
     assert "━" not in quiet
     assert "/320000" not in quiet
     piped = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)

@@ -118,8 +118,14 @@ def test_the_library_raises_storage_full(tmp_path: Path, runtime: drt.DatasetRun
             service.put(table, True)
         assert isinstance(failed.value, drt.CacheIOError)  # what 0.4.8 code catches
         assert isinstance(failed.value, OSError)
-        assert "volume is full" in str(failed.value)
+        text = str(failed.value)
+        assert "volume is full" in text
         assert temp_files(state) == []
+        # It names the store's directory (state/<dataset>/caches-<key>/populations),
+        # not the temporary file that the failed put removed.
+        assert ".tmp-" not in text, text
+        assert f"cannot write a population to {state}/" in text, text
+        assert "/populations: the volume is full" in text, text
 
 
 # -- retention (--keep-populations) --------------------------------------------------
@@ -339,6 +345,11 @@ def test_a_columnar_write_on_a_full_volume_fails_cleanly_and_succeeds_once_there
         assert kind == "full", (kind, text)
         assert "volume is full" in text, text
         failed_in_metadata += "metadata.arrow" in text
+        # The cache being written, not the temporary directory the failed write removed.
+        assert ".partial-" not in text, text
+        assert f"{volume}/out/c" in text, text
+        assert ".partial-" not in written_text
+        assert ".partial-" not in opened_text
         assert written == "CacheWriteError", written
         assert "volume is full" in written_text, written_text
         assert opened == "CacheSourcesDatasetError", opened

@@ -64,6 +64,28 @@ impl Drop for ScratchFile {
     }
 }
 
+/// An error of a write to scratch files in `dir`, a full volume named at
+/// `dir`: a scratch file is removed as soon as its write fails (`drop`), so
+/// the path to report is the directory the population was written to (the
+/// store's, or the library's scratch directory), on the volume that needs
+/// space. Every other error is returned as it is.
+pub fn naming_dir(error: Error, dir: &Path) -> Error {
+    match error {
+        Error::StorageFull { path, .. }
+            if path.parent() == Some(dir)
+                && path
+                    .file_name()
+                    .is_some_and(|name| name.to_string_lossy().starts_with(TEMP_PREFIX)) =>
+        {
+            Error::StorageFull {
+                action: "cannot write a population to",
+                path: dir.to_path_buf(),
+            }
+        }
+        other => other,
+    }
+}
+
 /// Where the in-process library writes the populations it opens (and
 /// unlinks at once: the mappings keep them): `dataset_rt-populations/` in
 /// `DATASET_RT_SCRATCH`, or in the system's temporary directory. Put it on a
@@ -81,4 +103,26 @@ pub fn library_scratch_dir() -> Result<PathBuf> {
         crate::storage::temp::remove_abandoned(&dir, |name| name.starts_with(TEMP_PREFIX));
     });
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_volume_is_named_at_the_directory_not_at_a_scratch_file() {
+        let dir = Path::new("/state/populations");
+        let enospc = || std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let scratch = Error::io("cannot write", dir.join(".tmp-1-2-3"), enospc());
+        assert_eq!(
+            naming_dir(scratch, dir).to_string(),
+            "cannot write a population to /state/populations: the volume is full (no space \
+             left on the device); free space on it, then retry"
+        );
+        // A file that is not a scratch file of `dir` keeps its name.
+        let kept = Error::io("cannot write", dir.join("x.arrow"), enospc());
+        assert!(naming_dir(kept, dir)
+            .to_string()
+            .contains("/state/populations/x.arrow"));
+    }
 }

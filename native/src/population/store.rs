@@ -203,24 +203,25 @@ impl PopulationStore {
 
     /// Bring the population `id` from where replicas share it into this
     /// directory (rows, then the table), checked against its id before it
-    /// is used. `NotFound` when the store does not hold it.
+    /// is used. `NotFound` when the store does not hold it. Each object is
+    /// looked up once: the table's `HEAD` (its presence publishes both) is
+    /// asked first, the rows' by their download, whose size it reports.
     fn fetch(&self, id: &PopulationId, caches: &CacheSet) -> Result<()> {
         let Some(table_bytes) = self.shared.size(&remote_table(id))? else {
             return Err(self.not_found(id));
         };
-        let rows_bytes = self.shared.size(&remote_rows(id))?.unwrap_or(0);
         let label = format!("fetching population {}", short(id));
-        let total = Some(table_bytes + rows_bytes);
-        let bar = progress::bar(self.shows_progress(), label, total, Unit::Bytes);
-        let count = |n| bar.inc(n);
+        let bar = progress::bar(self.shows_progress(), label, Some(table_bytes), Unit::Bytes);
+        let (sized, count) = (|n| bar.inc_length(n), |n| bar.inc(n));
+        let (rows, table) = (self.rows_path_of(id), self.path_of(id));
         self.shared
-            .download_counted(&remote_rows(id), &self.rows_path_of(id), &count)?;
+            .download_counted(&remote_rows(id), &rows, &sized, &count)?;
         self.shared
-            .download_counted(&remote_table(id), &self.path_of(id), &count)?;
+            .download_known(&remote_table(id), table_bytes, &table, &count)?;
         bar.finish_and_clear();
         if let Err(error) = self.check_table_hash(id, caches) {
-            let _ = fs::remove_file(self.path_of(id));
-            let _ = fs::remove_file(self.rows_path_of(id));
+            let _ = fs::remove_file(&table);
+            let _ = fs::remove_file(&rows);
             return Err(error);
         }
         Ok(())
@@ -477,7 +478,7 @@ impl PopulationStore {
             // the space a failed write took, not wait for the next start.
             let _ = fs::remove_file(temp.path());
         }
-        written?;
+        written.map_err(|e| e.naming_target(temp.path(), path))?;
         fsync_dir(parent)
     }
 }
@@ -773,6 +774,84 @@ mod tests {
             store.retain(&lock, 5, &ids[0]).unwrap(),
             Vec::<PopulationId>::new()
         );
+    }
+
+    /// A population kept by one replica in a bucket held in memory, whose
+    /// reads are counted; returns its id.
+    fn kept_in_memory(dir: &tempfile::TempDir, bucket: &Bucket) -> PopulationId {
+        let caches = Arc::new(caches(dir));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("cache_id", DataType::UInt64, false),
+            Field::new("sample_id", DataType::UInt64, false),
+            Field::new("weight", DataType::Float64, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(UInt64Array::from(vec![caches.get(0).cache_id(); 2])),
+                Arc::new(UInt64Array::from(vec![0, 0])),
+                Arc::new(Float64Array::from(vec![2.0, 1.0])),
+            ],
+        )
+        .unwrap();
+        let writer = PopulationStore::open_remote(&dir.path().join("a"), bucket.clone()).unwrap();
+        let written = write_population(caches, &writer.scratch_dir(), [Ok(batch)]).unwrap();
+        writer.keep(written).unwrap()
+    }
+
+    #[test]
+    fn a_replica_fetches_a_population_with_one_head_per_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            crate::remote::counting::Counting::new(Arc::new(object_store::memory::InMemory::new()));
+        let bucket = Bucket::from_store(store.clone(), "memory://test");
+        let id = kept_in_memory(&dir, &bucket);
+        let caches = Arc::new(caches(&dir));
+        let mirror = dir.path().join("b");
+        let reader = PopulationStore::open_remote(&mirror, bucket.clone()).unwrap();
+        store.reset();
+        let population = reader.open_population(&id, &caches).unwrap();
+        assert_eq!(population.num_rows(), 2);
+        // Rows and table: a `HEAD` each (the size, to ask for its ranges),
+        // then one ranged `GET` each (both are smaller than a range); before,
+        // the sizes were asked for twice.
+        assert_eq!(store.reads(), (2, 2));
+
+        // A population the store does not hold: the same `NotFound` as
+        // before, with no `GET`, and nothing left in the mirror.
+        store.reset();
+        let missing = PopulationId::of_hash(7);
+        let message = match reader.open_population(&missing, &caches) {
+            Err(Error::NotFound(message)) => message,
+            other => panic!("{:?}", other.map(|_| ())),
+        };
+        assert!(
+            message.contains("is not in the store memory://test"),
+            "{message}"
+        );
+        assert_eq!(store.reads(), (1, 0), "the table's HEAD");
+        // Rows uploaded by a put that has not published its table yet.
+        bucket
+            .put(&remote_rows(&missing), b"rows, no table".to_vec())
+            .unwrap();
+        let message = reader.open_population(&missing, &caches).err().unwrap();
+        assert!(
+            message.to_string().contains("is not in the store"),
+            "{message}"
+        );
+        assert!(!reader.rows_path_of(&missing).exists());
+        // A table whose rows are gone: the rows are named.
+        bucket.delete(&remote_rows(&id)).unwrap();
+        let other = PopulationStore::open_remote(&dir.path().join("c"), bucket).unwrap();
+        match other.open_population(&id, &caches) {
+            Err(Error::NotFound(message)) => {
+                assert!(
+                    message.ends_with(&format!("{}.rows does not exist", id)),
+                    "{message}"
+                )
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use arrow_schema::SchemaRef;
 
 use super::ids::KeysFile;
 use super::rows::RowsWriter;
-use super::scratch::ScratchFile;
+use super::scratch::{naming_dir, ScratchFile};
 use super::table_file::TableWriter;
 use super::table_id::canonical;
 use super::validate::{check_unique_columns, validate_table, EMPTY_TABLE};
@@ -248,15 +248,20 @@ fn field_list(schema: &SchemaRef) -> Vec<String> {
         .collect()
 }
 
-/// Write `batches` as a population: the one streaming path of every put.
+/// Write `batches` as a population: the one streaming path of every put. A
+/// full volume is named at `dir`, not at the scratch file that the failed
+/// write removed (`scratch::naming_dir`).
 pub fn write_population(
     caches: Arc<CacheSet>,
     dir: &Path,
     batches: impl IntoIterator<Item = Result<RecordBatch>>,
 ) -> Result<WrittenPopulation> {
-    let mut writer = PopulationWriter::create(caches, dir)?;
-    for batch in batches {
-        writer.push(&batch?)?;
-    }
-    writer.finish()
+    let written = (|| {
+        let mut writer = PopulationWriter::create(caches, dir)?;
+        for batch in batches {
+            writer.push(&batch?)?;
+        }
+        writer.finish()
+    })();
+    written.map_err(|error| naming_dir(error, dir))
 }

@@ -1,7 +1,7 @@
 //! Cache inspection for Python: open, verify and describe a cache directory.
 //! Results are frozen typed classes, not dicts.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use pyo3::prelude::*;
 
@@ -76,7 +76,8 @@ pub struct ShardInfo {
     records: u64,
 }
 
-/// A cache's manifest, after the open-time checks.
+/// A cache's manifest, as `inspect_cache` (after the open-time checks) or
+/// `describe_manifest` (checked against its own checksum only) read it.
 #[pyclass(frozen, module = "dataset_rt._native")]
 pub struct CacheInfo {
     #[pyo3(get)]
@@ -149,22 +150,28 @@ pub fn verify_cache(py: Python<'_>, path: PathBuf) -> PyResult<VerifyReport> {
     })
 }
 
-/// Describe a cache (after the open-time checks). With `manifest_only`, only
-/// `manifest.json` is read and checked (against its own checksum): for a cache
-/// just written or already checked, described without mapping and hashing
-/// `index.bin` and `metadata.arrow` (5.5 GiB at 10^8 records).
+/// Describe the cache at `path` after the open-time checks a reader makes
+/// (`Cache::open`: the manifest, `index.bin` and `metadata.arrow`).
 #[pyfunction]
-#[pyo3(signature = (path, *, manifest_only=false))]
-pub fn inspect_cache(py: Python<'_>, path: PathBuf, manifest_only: bool) -> PyResult<CacheInfo> {
+pub fn inspect_cache(py: Python<'_>, path: PathBuf) -> PyResult<CacheInfo> {
     let manifest = py
-        .detach(|| {
-            if manifest_only {
-                Manifest::read(&path)
-            } else {
-                Cache::open(&path, false).map(|c| c.manifest().clone())
-            }
-        })
+        .detach(|| Cache::open(&path, false).map(|c| c.manifest().clone()))
         .py()?;
+    cache_info(py, &path, manifest)
+}
+
+/// Describe the cache at `path` from its `manifest.json` alone, checked against
+/// its own checksum: for a cache just written or already checked, described
+/// without mapping and hashing `index.bin` and `metadata.arrow` (5.5 GiB at 10^8
+/// records).
+#[pyfunction]
+pub fn describe_manifest(py: Python<'_>, path: PathBuf) -> PyResult<CacheInfo> {
+    let manifest = py.detach(|| Manifest::read(&path)).py()?;
+    cache_info(py, &path, manifest)
+}
+
+/// The Python description of the cache at `path` whose manifest is `manifest`.
+fn cache_info(py: Python<'_>, path: &Path, manifest: Manifest) -> PyResult<CacheInfo> {
     let shards = manifest
         .shards
         .iter()

@@ -97,6 +97,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::set_mirror_budget, m)?)?;
     m.add_function(wrap_pyfunction!(cache::object_store_reads, m)?)?;
     m.add_function(wrap_pyfunction!(cache::inspect_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::describe_manifest, m)?)?;
     m.add_class::<parts::PartTarget>()?;
     m.add_function(wrap_pyfunction!(parts::absolute_location, m)?)?;
     m.add_function(wrap_pyfunction!(parts::commit_dataset, m)?)?;

@@ -181,13 +181,23 @@ impl CacheWriter {
         validate_source_name(name)?;
         let target = base.join(name);
         let partial = create_partial_dir(base, name)?;
-        let index = IndexOut::create(partial.path())?;
-        let metadata = MetadataOut::with_batches(
-            partial.path(),
-            &columns,
-            metadata_rows,
-            METADATA_BATCH_BYTES,
-        )?;
+        let opened = IndexOut::create(partial.path()).and_then(|index| {
+            let metadata = MetadataOut::with_batches(
+                partial.path(),
+                &columns,
+                metadata_rows,
+                METADATA_BATCH_BYTES,
+            )?;
+            Ok((index, metadata))
+        });
+        let (index, metadata) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                // As `drop` does for a writer that fails later.
+                let _ = fs::remove_dir_all(partial.path());
+                return Err(error.naming_target(partial.path(), &target));
+            }
+        };
         let mut identity = Xxh3::new();
         identity.update(b"dataset_rt.cache.v1\0");
         identity.update(name.as_bytes());
@@ -232,6 +242,23 @@ impl CacheWriter {
     /// Append the next record from its stored bytes and their `encoding`
     /// (the columnar writer's records are slices of an Arrow buffer).
     pub fn append_stored(
+        &mut self,
+        stored: StoredBytes<'_>,
+        record: Encoding,
+        metadata: &[MetaValue],
+    ) -> Result<()> {
+        self.append_partial(stored, record, metadata)
+            .map_err(|e| self.named(e))
+    }
+
+    /// An error of a write to the temporary directory, a full volume named
+    /// at the cache's directory (the temporary one is removed when the
+    /// write fails: `drop`).
+    fn named(&self, error: Error) -> Error {
+        error.naming_target(self.partial.path(), &self.target)
+    }
+
+    fn append_partial(
         &mut self,
         stored: StoredBytes<'_>,
         record: Encoding,
@@ -320,10 +347,12 @@ impl CacheWriter {
         if self.records == 0 {
             return Err(Error::Source(EMPTY_SOURCE.to_string()));
         }
-        let manifest = timed(profile, Stage::FinishManifest, 0, || self.write_manifest())?;
+        let manifest = timed(profile, Stage::FinishManifest, 0, || self.write_manifest())
+            .map_err(|e| self.named(e))?;
         let reused = timed(profile, Stage::Publish, 0, || {
             publish(self.partial.path(), &self.target, manifest.cache_id)
-        })?;
+        })
+        .map_err(|e| self.named(e))?;
         // Kept when published; removed (by `drop`) when the existing cache is.
         self.finished = !reused;
         Ok((self.target.clone(), manifest))

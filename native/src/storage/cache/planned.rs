@@ -253,9 +253,12 @@ impl Planned {
         let started = std::thread::Builder::new()
             .name("drt-mirror-fetch".into())
             .spawn(move || {
-                let fetched =
-                    this.bucket
-                        .download_known(&file.file, file.bytes, &this.dir.join(&file.file));
+                let fetched = this.bucket.download_known(
+                    &file.file,
+                    file.bytes,
+                    &this.dir.join(&file.file),
+                    &|_| {},
+                );
                 mirror::settle(file.bytes);
                 let mut state = this.lock();
                 state.fetching.remove(&shard);

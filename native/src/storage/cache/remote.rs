@@ -51,7 +51,8 @@ impl ShardSource for Mirrored {
                     return Ok(file);
                 }
             }
-            self.bucket.download_known(&entry.file, entry.bytes, path)?;
+            self.bucket
+                .download_known(&entry.file, entry.bytes, path, &|_| {})?;
             mirror::evict(&self.mirror, path);
         }
         Err(evicted_before_open(path))
