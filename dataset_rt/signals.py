@@ -43,6 +43,7 @@ class InputStats:
         self._batches = 0
         self._waited = 0.0
         self._restarts = 0
+        self._trainer_batches = 0
         # Per reader (a DataLoader worker, or -1 for this process): the restarts
         # it has reported so far (readers report running totals).
         self._seen: dict[int, int] = {}
@@ -67,8 +68,11 @@ class InputStats:
             self._waited += seconds
 
     def reader_restarts(self, reader: int, total: int) -> None:
-        """A reader's running total of stream restarts."""
+        """A reader's running total of stream restarts; ``reader`` -1 is this
+        process, which read the batch itself."""
         with self._lock:
+            if reader == -1:
+                self._trainer_batches += 1
             before = self._seen.get(reader, 0)
             if total > before:
                 self._restarts += total - before
@@ -81,10 +85,13 @@ class InputStats:
 
     def snapshot(self) -> dict[str, Any]:
         """``rank``, ``batches``, ``wait_p50_ms``, ``wait_p99_ms``, ``wait_max_ms``
-        (over the last `WINDOW` batches), ``wait_total_s`` and ``stream_restarts``."""
+        (over the last `WINDOW` batches), ``wait_total_s``, ``stream_restarts``
+        and ``trainer_batches`` (read by this process itself: every batch
+        without workers; with them, those read while the workers started)."""
         with self._lock:
             waits = sorted(self._waits)
             batches, waited, restarts = self._batches, self._waited, self._restarts
+            trainer_batches = self._trainer_batches
 
         def percentile(q: int) -> float | None:
             if not waits:
@@ -101,6 +108,7 @@ class InputStats:
             "wait_max_ms": round(waits[-1] * 1e3, 3) if waits else None,
             "wait_total_s": round(waited, 6),
             "stream_restarts": restarts,
+            "trainer_batches": trainer_batches,
         }
 
     def log(self) -> None:

@@ -16,7 +16,8 @@ Workers are started with the ``forkserver`` method (``spawn`` where that is
 missing), never ``fork``: a process that has used a gRPC client (any training
 script that talked to a Flight server first) cannot fork safely. A loader with
 workers starts the forkserver when it is built (`_start_server`), so that its
-imports overlap the trainer's own start.
+imports overlap the trainer's own start, and the trainer reads the first
+batches itself until the workers have started (`DatasetLoader._head_start`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -139,6 +140,8 @@ class DatasetLoader(BatchLoader):
         #: With persistent workers: the DataLoader kept across epochs and switches,
         #: and the file its workers read each iteration's plan from.
         self._kept: tuple[DataLoader[Any], Path] | None = None
+        #: The kept DataLoader's workers while they start (`_WorkersStarting`).
+        self._starting: _WorkersStarting | None = None
         self.multiprocessing_context = multiprocessing_context or _default_start_method()
         process_group_share(options)
         super().__init__(
@@ -267,12 +270,56 @@ class DatasetLoader(BatchLoader):
             directory = Path(tempfile.mkdtemp(prefix="dataset_rt-plan-"))
             weakref.finalize(self, shutil.rmtree, directory, True)
             plan = directory / "plan.json"
-            _write_plan(plan, self._state)
+            _write_plan(plan, None)
             reader = self._reader(tagged=True, plan=plan)
             self._kept = (self._new_data_loader(reader, persistent=True), plan)
+            self._starting = _WorkersStarting(self._kept[0])
+            if self.transform is None and self.collate_fn is None:
+                return _explained(self._head_start(self._starting))
+        return _explained(self._from_workers())
+
+    def _from_workers(self) -> Iterator[Tagged]:
+        """The kept DataLoader's batches from the run's state on, once its
+        workers have started."""
+        assert self._kept is not None
+        if self._starting is not None:
+            self._starting.wait()
+            self._starting = None
+            _watch_workers()
         loader, plan = self._kept
         _write_plan(plan, self._state)
-        return _explained(iter(loader))
+        return iter(loader)
+
+    def _head_start(self, starting: _WorkersStarting) -> Iterator[Tagged]:
+        """The first iteration's batches: read in this process (as with no
+        workers, a few milliseconds each) until the workers have started, then
+        from the workers, which go on from the state the trainer has consumed
+        to. A new process's workers wait for the forkserver's imports (torch,
+        pyarrow, the engine: seconds), then import the training script; the
+        first batch does not. A stream is a function of its position, so who
+        reads a batch changes nothing in it.
+
+        Only the default batches start this way: a ``transform`` or
+        ``collate_fn`` is the workers' job (it may be heavy), so with one the
+        first batch waits for them.
+        """
+        inline = self._reader(tagged=True).__iter__()  # a generator: closed below
+        try:
+            for batch in inline:
+                yield batch
+                # Back here, the trainer has consumed ``batch`` (`BatchLoader.__iter__`
+                # advanced the state), so the workers start after it.
+                if starting.done():
+                    break
+            else:
+                # The parts ended in this process. Their end waits for the workers
+                # anyway, so that a worker that cannot start fails this epoch, not
+                # a later one.
+                starting.wait()
+                return
+        finally:
+            inline.close()
+        yield from self._from_workers()
 
     def _new_data_loader(self, reader: RankReader, *, persistent: bool = False) -> DataLoader[Any]:
         options: dict[str, Any] = {}
@@ -339,11 +386,14 @@ class RankReader(IterableDataset[Any]):  # type: ignore[misc, unused-ignore]
             )
         self.skip = batches
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Generator[Any, None, None]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if self.plan is not None:  # a persistent worker: this iteration's plan
-            self.state = _read_plan(self.plan)
+            planned = _read_plan(self.plan)
+            if planned is None:  # the workers are starting (`_WorkersStarting`)
+                return
+            self.state = planned
         skip, self.skip = self.skip, 0
         self.yielded = skip  # counted as yielded: a later state_dict includes them
         reader = worker if info is not None else -1
@@ -414,15 +464,54 @@ def _packed(batch: pa.Table) -> dict[str, Any]:
     return {name: packed if name == "payload" else columns[name] for name in batch.schema.names}
 
 
-def _write_plan(path: Path, state: RunState) -> None:
-    """What persistent workers read next (replaced whole: a reader never sees half)."""
+def _write_plan(path: Path, state: RunState | None) -> None:
+    """What persistent workers read next (replaced whole: a reader never sees
+    half); ``None``: nothing (they are starting, `_WorkersStarting`)."""
     written = path.with_suffix(".tmp")
-    written.write_bytes(state.to_json())
+    written.write_bytes(b"" if state is None else state.to_json())
     os.replace(written, path)
 
 
-def _read_plan(path: Path) -> RunState:
-    return RunState.from_json(path.read_bytes())
+def _read_plan(path: Path) -> RunState | None:
+    plan = path.read_bytes()
+    return RunState.from_json(plan) if plan else None
+
+
+class _WorkersStarting:
+    """A persistent DataLoader's workers, started in a thread.
+
+    ``iter(loader)`` starts the worker processes: with ``forkserver`` it
+    returns once the server has forked them, after its imports; a second
+    ``iter()`` (PyTorch's ``_ResumeIteration``) returns once every worker has
+    answered, after importing the training script. The plan says "nothing"
+    meanwhile (`_write_plan`), so the workers read nothing and answer at once.
+    Then ``iter()`` from the trainer costs one round trip.
+    """
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        self._loader = loader
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._start, name="dataset_rt-workers-start", daemon=True
+        )
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            iter(self._loader)
+            iter(self._loader)
+        except BaseException as error:  # handed to the trainer by `wait`
+            self._error = error
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Once the workers have started; their start's error, if any."""
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def _as_tensors(columns: dict[str, Any]) -> dict[str, Any]:
@@ -475,6 +564,20 @@ def _wait_for_exit(pid: int) -> None:
                 continue
     select.select([handle], [], [])
     os._exit(0)
+
+
+def _watch_workers() -> None:
+    """PyTorch's SIGCHLD handler, which names a worker killed by a signal at
+    once: a DataLoader sets it when its workers start in the main thread only,
+    and `_WorkersStarting` starts them in another (without it, a dead worker is
+    noticed by the trainer's next 5 s check, as "exited unexpectedly")."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    from torch.utils.data._utils import signal_handling
+
+    setter = getattr(signal_handling, "_set_SIGCHLD_handler", None)
+    if setter is not None:  # private: absent in some release, the 5 s check remains
+        setter()
 
 
 def _default_start_method() -> str:

@@ -1,9 +1,10 @@
 """A new loader's first batch does not wait for imports it could have done
-earlier or never needed (issue 47, deliverable 4).
+earlier or never needed, nor for its workers (issue 47, deliverable 4).
 
 - A loader with workers starts their forkserver when it is built: the server's
   import of torch, pyarrow and the engine overlaps the trainer's own work
   until the first ``iter()``.
+- Until its workers have started, the trainer reads the first batches itself.
 - No process imports pandas to make a batch: the forkserver does not preload
   it, and columns become NumPy arrays through DLPack and their bits
   (`dataset_rt.batches.numpy_column`), not through pyarrow's ``to_numpy``,
@@ -114,7 +115,65 @@ READS = HEADER + textwrap.dedent(
 )
 
 
-def run_script(tmp_path: Path, cache: Path, script: str) -> tuple[Any, list[str]]:
+#: A trainer whose workers are slow to start (their import of the script sleeps,
+#: as a script with heavy imports would): it reads an epoch with 2 workers and
+#: says what it got and when the workers were up.
+HEAD_START = HEADER + textwrap.dedent(
+    """
+    import time
+
+    UP = os.environ["WORKERS_UP"]
+    if __name__ != "__main__":  # a worker importing the script
+        time.sleep(3)
+        open(os.path.join(UP, str(os.getpid())), "w").close()
+
+    def positions(loader):
+        return [batch["position"].tolist() for batch in loader]
+
+    def as_sample(sample):
+        return {"position": sample["position"]}
+
+    if __name__ == "__main__":
+        source = LocalSource([sys.argv[1]], sys.argv[2], name=sys.argv[3])
+        options = {"batch_size": 5, "seed": 1}
+        expected = [
+            positions(DatasetLoader(source, sys.argv[3], epoch=epoch, **options))
+            for epoch in (0, 1)
+        ]
+        loader = DatasetLoader(source, sys.argv[3], num_workers=2, **options)
+        got, up_at_first = [], None
+        for index, batch in enumerate(loader):
+            got.append(batch["position"].tolist())
+            if index == 0:
+                up_at_first = os.listdir(UP)
+            if index == 5:  # the workers start while the trainer goes on
+                deadline = time.monotonic() + 180
+                while len(os.listdir(UP)) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            if index > 5:
+                time.sleep(0.1)  # a training step
+        first_epoch = loader.input_stats()["trainer_batches"]
+        loader.set_epoch(1)
+        second = positions(loader)
+        transformed = DatasetLoader(
+            source, sys.argv[3], num_workers=2, transform=as_sample, **options
+        )
+        read = len(positions(transformed))
+        print(json.dumps({
+            "expected": expected,
+            "got": [got, second],
+            "up_at_first": up_at_first,
+            "workers_up": len(os.listdir(UP)),
+            "trainer_batches": [first_epoch, loader.input_stats()["trainer_batches"]],
+            "transformed": [read, transformed.input_stats()["trainer_batches"]],
+        }))
+    """
+)
+
+
+def run_script(
+    tmp_path: Path, cache: Path, script: str, env: dict[str, str] | None = None
+) -> tuple[Any, list[str]]:
     """Run ``script`` in a new interpreter, with pandas blocked in it and in
     every process it starts; its last line of output (JSON) and the imports of
     pandas that were tried."""
@@ -137,7 +196,7 @@ def run_script(tmp_path: Path, cache: Path, script: str) -> tuple[Any, list[str]
     done = subprocess.run(
         [sys.executable, "train.py", str(cache), str(tmp_path / "state"), DATASET],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)},
+        env={**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(p for p in path if p)},
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -187,6 +246,26 @@ def test_no_process_imports_pandas_to_make_batches(tmp_path: Path, cache: Path) 
             "score": "torch.float64",
             "flag": "torch.bool",
         }, name
+
+
+def test_the_first_batches_do_not_wait_for_the_workers(tmp_path: Path, cache: Path) -> None:
+    """A new 2-worker loader's first batches are read by the trainer itself
+    while its workers start (here they take seconds to import the script);
+    the workers then go on from where the trainer is, and the epoch is exactly
+    the one a loader without workers reads, batch for batch. The next epoch
+    comes from the workers alone. With a ``transform`` (the workers' job) the
+    trainer reads nothing itself."""
+    up = tmp_path / "up"
+    up.mkdir()
+    answer, _ = run_script(tmp_path, cache, HEAD_START, {"WORKERS_UP": str(up)})
+    assert answer["up_at_first"] == [], "the first batch waited for the workers"
+    assert answer["workers_up"] == 2
+    assert answer["got"] == answer["expected"]
+    first_epoch, both = answer["trainer_batches"]
+    batches = len(answer["expected"][0])
+    assert 6 <= first_epoch < batches, "the workers took over within the first epoch"
+    assert both == first_epoch, "the second epoch came from the workers"
+    assert answer["transformed"] == [batches, 0]
 
 
 # -- numpy_column is to_numpy without pandas ---------------------------------------
