@@ -22,6 +22,7 @@ batches itself until the workers have started (`DatasetLoader._head_start`).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import functools
@@ -495,6 +496,7 @@ class _WorkersStarting:
             target=self._start, name="dataset_rt-workers-start", daemon=True
         )
         self._thread.start()
+        _STARTING.add(self)
 
     def _start(self) -> None:
         try:
@@ -564,6 +566,25 @@ def _wait_for_exit(pid: int) -> None:
                 continue
     select.select([handle], [], [])
     os._exit(0)
+
+
+#: Workers starting now (`_WorkersStarting`), which an exit waits for.
+_STARTING: weakref.WeakSet[_WorkersStarting] = weakref.WeakSet()
+
+#: How long an exit waits for workers still starting.
+EXIT_WAIT_SECONDS = 60.0
+
+
+@atexit.register
+def _let_starts_finish() -> None:
+    """At exit, wait (bounded) for workers still starting: a trainer that took
+    its first batches and ended while they started would leave the
+    forkserver unpickling half-made workers whose semaphores are gone, each
+    printing a traceback. Registered after multiprocessing's own exit
+    handler, so it runs before it."""
+    deadline = time.monotonic() + EXIT_WAIT_SECONDS
+    for starting in list(_STARTING):
+        starting._thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _watch_workers() -> None:

@@ -155,6 +155,7 @@ HEAD_START = HEADER + textwrap.dedent(
         first_epoch = loader.input_stats()["trainer_batches"]
         loader.set_epoch(1)
         second = positions(loader)
+        workers_up = len(os.listdir(UP))
         transformed = DatasetLoader(
             source, sys.argv[3], num_workers=2, transform=as_sample, **options
         )
@@ -163,7 +164,7 @@ HEAD_START = HEADER + textwrap.dedent(
             "expected": expected,
             "got": [got, second],
             "up_at_first": up_at_first,
-            "workers_up": len(os.listdir(UP)),
+            "workers_up": workers_up,
             "trainer_batches": [first_epoch, loader.input_stats()["trainer_batches"]],
             "transformed": [read, transformed.input_stats()["trainer_batches"]],
         }))
@@ -266,6 +267,38 @@ def test_the_first_batches_do_not_wait_for_the_workers(tmp_path: Path, cache: Pa
     assert 6 <= first_epoch < batches, "the workers took over within the first epoch"
     assert both == first_epoch, "the second epoch came from the workers"
     assert answer["transformed"] == [batches, 0]
+
+
+#: Takes one batch and ends while the workers are still starting.
+ONE_BATCH = HEADER + textwrap.dedent(
+    """
+    if __name__ == "__main__":
+        source = LocalSource([sys.argv[1]], sys.argv[2], name=sys.argv[3])
+        loader = DatasetLoader(source, sys.argv[3], batch_size=10, seed=1, num_workers=2)
+        print(json.dumps({"first": [int(p) for p in next(iter(loader))["position"]]}))
+    """
+)
+
+
+def test_a_trainer_that_ends_while_its_workers_start_ends_quietly(
+    tmp_path: Path, cache: Path
+) -> None:
+    """A script that takes the first batch (read by the trainer) and ends while
+    the workers start: the exit waits for them, so no half-made worker prints
+    a traceback (their semaphores would be gone). The captured stderr closes
+    only when the forkserver and every worker have let go of it."""
+    (tmp_path / "train.py").write_text(ONE_BATCH)
+    done = subprocess.run(
+        [sys.executable, "train.py", str(cache), str(tmp_path / "state"), DATASET],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"first": list(range(10))}
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
 # -- numpy_column is to_numpy without pandas ---------------------------------------
