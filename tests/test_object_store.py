@@ -23,6 +23,7 @@ from activations import contender_script
 from ceph_s3 import CephS3, free_port
 from conftest import ListSource, make_records, write
 from terminal import on_a_terminal
+from volumes import fill, small_volume
 
 import dataset_rt as drt
 from dataset_rt.service import DatasetService, StreamRequest
@@ -575,6 +576,39 @@ def test_the_mirror_keeps_at_most_its_budget_of_shards(
             assert kept <= budget
     finally:
         drt._native.set_mirror_budget(0)
+
+
+def test_a_full_mirror_volume_is_read_by_range_and_keeps_nothing_half_written(
+    runtime: drt.DatasetRuntime, bucket: str, tmp_path: Path
+) -> None:
+    """A replica whose mirror volume fills up after it opened the cache: the
+    whole-shard fetches fail (the disk is full), each failure is a warning and
+    the shard is read by range instead, so every epoch is still served exactly;
+    no shard and no temporary file is left on the volume. Once there is room,
+    the shards are mirrored again."""
+    records = make_records(64, payload_size=4096)
+    sharded = write(tmp_path / "w", ListSource("pop", records), max_shard_bytes=16 * 1024)
+    report = drt._native.upload_cache(str(sharded), f"s3://{bucket}/caches")
+    local = DatasetService(runtime.native, NAME, [str(sharded)], str(tmp_path / "local"))
+    expected = epoch(local)
+    with small_volume(tmp_path / "mirror", size="4m") as mirror:
+        remote = DatasetService(
+            runtime.native, NAME, [report.url], f"s3://{bucket}/state", mirror_dir=str(mirror)
+        )
+        remote.active()  # the population's files are mirrored before the volume fills
+        filler = fill(mirror)
+        for _ in range(2):
+            assert epoch(remote).equals(expected)
+        assert list(mirror.rglob("shard-*.bin")) == []
+        # A fetch still in flight in the background holds its temporary file
+        # until its write fails; none may stay.
+        deadline = time.monotonic() + WAIT_SECONDS
+        while (left := list(mirror.rglob(".tmp-*"))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert left == []
+        filler.unlink()
+        assert epoch(remote).equals(expected)
+        assert arrived(mirror, "shard-*.bin"), "mirrored once there is room"
 
 
 # -- the server -------------------------------------------------------------------
