@@ -508,6 +508,10 @@ class _WorkersStarting:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
+    def settle(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for the start to end, its error kept."""
+        self._thread.join(max(0.0, seconds))
+
     def wait(self) -> None:
         """Once the workers have started; their start's error, if any."""
         self._thread.join()
@@ -584,7 +588,7 @@ def _let_starts_finish() -> None:
     handler, so it runs before it."""
     deadline = time.monotonic() + EXIT_WAIT_SECONDS
     for starting in list(_STARTING):
-        starting._thread.join(max(0.0, deadline - time.monotonic()))
+        starting.settle(deadline - time.monotonic())
 
 
 def _watch_workers() -> None:

@@ -253,6 +253,12 @@ class _ServedCollector(Collector):
             "Bytes read from object storage (per byte served: datasetrt_bytes_served)",
             value=fetched,
         )
+        yield CounterMetricFamily(
+            "datasetrt_object_store_slow_downs",
+            "Slow-down answers (503 SlowDown, 429) from object storage, each retried with "
+            "backoff; many mean the store's request rate, not its bandwidth, holds replicas back",
+            value=_native.object_store_slow_downs(),
+        )
         for dataset in self._datasets:
             for served in self._served(dataset):
                 labels = [dataset, served["population"]]

@@ -9,6 +9,8 @@ caches' bytes. The bucket is inspected with boto3, a client independent of ours.
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,7 @@ import pytest
 from activations import contender_script
 from ceph_s3 import CephS3, free_port
 from conftest import ListSource, make_records, write
+from slow_store import SlowDownProxy
 from terminal import on_a_terminal
 from volumes import fill, small_volume
 
@@ -397,6 +400,91 @@ def test_a_silent_store_is_unavailable_within_seconds_and_the_replica_recovers(
     assert a.active().population == population != before
 
 
+def slow_downs_counted(proxy: SlowDownProxy, before: int) -> int:
+    """This process's count of slow-down answers since ``before``, once it has
+    caught up with what the proxy sent (an answer is counted as it arrives)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while (counted := drt._native.object_store_slow_downs() - before) < proxy.slow_downs:
+        assert time.monotonic() < deadline, (counted, proxy.slow_downs)
+        time.sleep(0.05)
+    return counted
+
+
+def test_slow_down_answers_are_retried_and_counted(
+    runtime: drt.DatasetRuntime,
+    cache: Path,
+    ceph: CephS3,
+    bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that answers each request with S3's 503 SlowDown once (issue 49):
+    a replica opens the cache, serves its epochs exactly and activates a
+    population as if nothing happened; every slow-down answer was retried, and
+    each is counted for /metrics."""
+    report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
+    expected = epoch(DatasetService(runtime.native, NAME, [str(cache)], str(tmp_path / "l")))
+    with SlowDownProxy(ceph.endpoint, "once") as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        before = drt._native.object_store_slow_downs()
+        a = DatasetService(
+            runtime.native,
+            NAME,
+            [report.url],
+            f"s3://{bucket}/state",
+            mirror_dir=str(tmp_path / "m"),
+        )
+        assert epoch(a).equals(expected)
+        assert epoch(a).equals(expected)
+        population, _ = a.put(reweighted(a, 3.0), True)
+        assert a.active().population == population
+        assert proxy.slow_downs > 10, "every distinct request was answered 503 once"
+        assert slow_downs_counted(proxy, before) == proxy.slow_downs
+    print(f"{proxy.slow_downs} slow-down answers retried, {proxy.forwarded} forwarded")
+
+
+def test_a_store_that_keeps_asking_to_slow_down_is_unavailable_not_damage(
+    runtime: drt.DatasetRuntime,
+    cache: Path,
+    ceph: CephS3,
+    bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When every retry is answered 503 SlowDown too, what fails is
+    StoreUnavailableError (UNAVAILABLE over Flight, which clients retry): a stream
+    under way, an activation, a replica's start; never CorruptCacheError, and
+    nothing changes. Once the store serves again, the same replica works on."""
+    report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
+    expected = epoch(DatasetService(runtime.native, NAME, [str(cache)], str(tmp_path / "l")))
+    state = f"s3://{bucket}/state"
+    with SlowDownProxy(ceph.endpoint, "off") as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        a = DatasetService(
+            runtime.native, NAME, [report.url], state, mirror_dir=str(tmp_path / "a")
+        )
+        before = a.active().population
+        table = reweighted(a, 5.0)
+        proxy.mode = "always"
+        start = time.monotonic()
+        with pytest.raises(drt.StoreUnavailableError, match="slow down") as failed:
+            epoch(a)
+        print(f"a throttled stream failed after {time.monotonic() - start:.1f} s")
+        assert time.monotonic() - start < WAIT_SECONDS
+        assert "127.0.0.1" not in str(failed.value), "the endpoint is the operator's"
+        with pytest.raises(drt.StoreUnavailableError, match="slow down"):
+            a.put(table, True)
+        with pytest.raises(drt.StoreUnavailableError, match="slow down"):
+            DatasetService(
+                runtime.native, NAME, [report.url], state, mirror_dir=str(tmp_path / "b")
+            )
+        proxy.mode = "off"
+        assert a.active().population == before
+        assert epoch(a).equals(expected)
+        population, _ = a.put(table, True)
+        assert a.active().population == population != before
+
+
 # -- caches -----------------------------------------------------------------------
 
 
@@ -409,13 +497,27 @@ def test_upload_publishes_a_cache_once_with_its_files_first(
     assert report.url == f"{url}/pop"
     info = drt._native.inspect_cache(str(cache))
     assert report.cache_id == info.cache_id
+    # Each file under its own two-hex-digit prefix (a layout spread over 256, so
+    # that a store's per-prefix request rate is not one cache's bound).
     prefix = f"caches/pop/{report.version}/"
     listed = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert "caches/pop/published.json" in listed
+    published = s3.get_object(Bucket=bucket, Key="caches/pop/published.json")
+    record = json.loads(published["Body"].read())
+    assert record == {
+        "format_version": 1,
+        "cache_id": report.cache_id,
+        "version": report.version,
+        "layout": "spread",
+    }
+    spread = {key[len(prefix) :] for key in listed - {"caches/pop/published.json"}}
     files = sorted(p.name for p in cache.iterdir())
-    assert listed == {prefix + f for f in files} | {"caches/pop/published.json"}
-    for name in files:
-        body = s3.get_object(Bucket=bucket, Key=prefix + name)["Body"].read()
-        assert body == (cache / name).read_bytes(), name
+    assert sorted(key.split("/")[1] for key in spread) == files
+    assert all(re.fullmatch(r"[0-9a-f]{2}/[^/]+", key) for key in spread), spread
+    assert len({key.split("/")[0] for key in spread}) > 1, spread
+    for key in spread:
+        body = s3.get_object(Bucket=bucket, Key=prefix + key)["Body"].read()
+        assert body == (cache / key.split("/")[1]).read_bytes(), key
     # The same cache again: nothing sent; the CLI says so.
     assert not drt._native.upload_cache(str(cache), url).uploaded
     done = subprocess.run(
@@ -463,7 +565,8 @@ def test_two_caches_uploaded_under_one_name_at_once_publish_one(
         body = s3.get_object(Bucket=bucket, Key=f"race{round_}/pop/published.json")["Body"]
         published = body.read().decode()
         here = [k for k in keys(s3, bucket, "pop") if k.startswith(f"race{round_}/")]
-        versions = {k.split("/")[2] for k in here if k.count("/") == 3}
+        # race<n>/pop/<version>/<xx>/<file>
+        versions = {k.split("/")[2] for k in here if k.count("/") == 4}
         assert len(versions) == 1, "the losing upload's files were removed"
         assert next(iter(versions)) in published
 
@@ -510,7 +613,7 @@ def test_a_damaged_object_is_refused_as_corrupt(
     runtime: drt.DatasetRuntime, cache: Path, bucket: str, s3: Any, tmp_path: Path
 ) -> None:
     report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
-    key = f"caches/pop/{report.version}/shard-00000.bin"
+    (key,) = [k for k in keys(s3, bucket, report.version) if k.endswith("/shard-00000.bin")]
     data = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     data[len(data) // 2] ^= 0xFF
     s3.put_object(Bucket=bucket, Key=key, Body=bytes(data))
@@ -579,13 +682,13 @@ def test_the_mirror_keeps_at_most_its_budget_of_shards(
 
 
 def test_a_full_mirror_volume_is_read_by_range_and_keeps_nothing_half_written(
-    runtime: drt.DatasetRuntime, bucket: str, tmp_path: Path
+    runtime: drt.DatasetRuntime, bucket: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """A replica whose mirror volume fills up after it opened the cache: the
-    whole-shard fetches fail (the disk is full), each failure is a warning and
-    the shard is read by range instead, so every epoch is still served exactly;
-    no shard and no temporary file is left on the volume. Once there is room,
-    the shards are mirrored again."""
+    whole-shard fetches fail (the disk is full), a shard's first failure is a
+    warning and the shard is read by range instead, so every epoch is still
+    served exactly; no shard and no temporary file is left on the volume. Once
+    there is room, the shards are mirrored again."""
     records = make_records(64, payload_size=4096)
     sharded = write(tmp_path / "w", ListSource("pop", records), max_shard_bytes=16 * 1024)
     report = drt._native.upload_cache(str(sharded), f"s3://{bucket}/caches")
@@ -606,6 +709,11 @@ def test_a_full_mirror_volume_is_read_by_range_and_keeps_nothing_half_written(
         while (left := list(mirror.rglob(".tmp-*"))) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert left == []
+        warned = [line for line in capfd.readouterr().err.splitlines() if "warning:" in line]
+        shards = [re.search(r"shard-\d+\.bin", line) for line in warned]
+        named = [found.group() for found in shards if found]
+        assert len(named) == len(warned) > 0, warned
+        assert len(set(named)) == len(named), f"a shard warned about twice: {warned}"
         filler.unlink()
         assert epoch(remote).equals(expected)
         assert arrived(mirror, "shard-*.bin"), "mirrored once there is room"

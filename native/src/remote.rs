@@ -32,6 +32,7 @@ use crate::storage::temp::LockedTemp;
 #[cfg(test)]
 pub(crate) mod counting;
 mod health;
+mod slow_downs;
 use health::{Health, Probe};
 
 /// Files up to this size are uploaded in one request, larger ones in parts.
@@ -125,6 +126,7 @@ impl Bucket {
         // request (a part, a range) has a minute.
         let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
+            .with_http_connector(slow_downs::Counting)
             .with_retry(RetryConfig {
                 backoff: BackoffConfig::default(),
                 max_retries: 3,
@@ -234,15 +236,21 @@ impl Bucket {
             other => {
                 // The details (the endpoint's URL, the object's key) are the
                 // operator's: in the server's log, not in what a client reads.
-                let detail: String = other.to_string().chars().take(2000).collect();
+                // One line: a store's error body is often XML over several.
+                let detail: String = other
+                    .to_string()
+                    .chars()
+                    .take(2000)
+                    .map(|c| if c.is_control() { ' ' } else { c })
+                    .collect();
                 eprintln!(
                     "warning: object storage at {} could not {action} {name}: {detail}",
                     self.url
                 );
                 Error::Unavailable(format!(
-                    "object storage could not {action} an object: the store did not answer or \
-                     refused the request (the server's log has the details); check that the \
-                     store is reachable and that the credentials in the environment may read \
+                    "object storage could not {action} an object: the store did not answer, \
+                     refused the request or kept asking to slow down (the server's log has the \
+                     details); check that the store is reachable and that the credentials in the environment may read \
                      and write the bucket"
                 ))
             }
@@ -694,6 +702,8 @@ pub mod counters {
             BYTES.load(Ordering::Relaxed),
         )
     }
+
+    pub use super::slow_downs::read as slow_downs;
 }
 
 #[cfg(test)]

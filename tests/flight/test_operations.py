@@ -23,6 +23,7 @@ import pyarrow.flight as flight
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dataset_rt import _native
 from flight_server import Catalog, DatasetFlightServer
 from flight_server.logs import JsonFormatter
 from flight_server.probes import ProbeServer, readiness
@@ -113,6 +114,13 @@ def test_metrics_count_what_clients_did(
     assert rows == ROWS  # two ranks of one epoch
     assert value(samples, "datasetrt_rows_served_total", **served) == rows
     assert value(samples, "datasetrt_bytes_served_total", **served) == nbytes
+    # The object store's counters, this process's own (0 here: a local cache).
+    requests, fetched = _native.object_store_reads()
+    assert value(samples, "datasetrt_object_store_read_requests_total") == requests
+    assert value(samples, "datasetrt_object_store_read_bytes_total") == fetched
+    slow_downs = _native.object_store_slow_downs()
+    assert value(samples, "datasetrt_object_store_slow_downs_total") == slow_downs
+    assert ("datasetrt_object_store_slow_downs_total", ()) in samples
 
 
 def test_an_open_stream_is_counted_until_its_client_closes_it(

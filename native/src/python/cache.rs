@@ -68,6 +68,14 @@ pub fn object_store_reads() -> (u64, u64) {
     crate::remote::counters::read()
 }
 
+/// Slow-down answers (503 SlowDown, 429) this process received from object
+/// storage since it started; each was retried with backoff
+/// (`remote/slow_downs.rs`).
+#[pyfunction]
+pub fn object_store_slow_downs() -> u64 {
+    crate::remote::counters::slow_downs()
+}
+
 /// One payload shard of a cache.
 #[pyclass(frozen, get_all, module = "dataset_rt._native")]
 pub struct ShardInfo {

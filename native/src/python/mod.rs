@@ -96,6 +96,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::upload_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cache::set_mirror_budget, m)?)?;
     m.add_function(wrap_pyfunction!(cache::object_store_reads, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::object_store_slow_downs, m)?)?;
     m.add_function(wrap_pyfunction!(cache::inspect_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cache::describe_manifest, m)?)?;
     m.add_class::<parts::PartTarget>()?;

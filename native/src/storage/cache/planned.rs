@@ -27,10 +27,11 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::Result;
-use crate::remote::{Bucket, Fetch};
+use crate::remote::Fetch;
 use crate::storage::index::IndexEntry;
 use crate::storage::manifest::FileEntry;
 use crate::storage::mirror;
+use crate::storage::upload::PublishedFiles;
 
 /// What one more ranged request costs, counted in bytes (a request's latency
 /// times a store's bandwidth: about 1-2 ms × 500 MiB/s on a loopback radosgw,
@@ -55,8 +56,8 @@ const WHOLE_WAIT: Duration = Duration::from_secs(60);
 
 /// The planned reads of one cache on object storage.
 pub(super) struct Planned {
-    /// The published version's prefix: its objects are the shard files.
-    bucket: Bucket,
+    /// The published cache's files, by their names in the manifest.
+    files: PublishedFiles,
     /// The cache's directory in the mirror, and the mirror's root.
     dir: PathBuf,
     mirror: PathBuf,
@@ -79,6 +80,9 @@ struct State {
     /// Shards being fetched whole now: their records are read from the
     /// mirror once they land (`landed`), not fetched twice.
     fetching: HashSet<u32>,
+    /// Shards whose last whole fetch failed: warned about once, not again
+    /// until one succeeds (a volume that stays full would repeat it per epoch).
+    failed: HashSet<u32>,
 }
 
 /// A record a plan asks for: its stored length, how many reads it was planned
@@ -99,9 +103,9 @@ struct Held {
 }
 
 impl Planned {
-    pub(super) fn new(bucket: Bucket, dir: &Path, mirror: &Path) -> Arc<Self> {
+    pub(super) fn new(files: PublishedFiles, dir: &Path, mirror: &Path) -> Arc<Self> {
         Arc::new(Planned {
-            bucket,
+            files,
             dir: dir.to_path_buf(),
             mirror: mirror.to_path_buf(),
             state: Mutex::new(State::default()),
@@ -160,7 +164,7 @@ impl Planned {
         requests.sort_by_key(|(need, _, _)| *need);
         for (_, shard, range) in requests {
             let file = &shards[shard as usize];
-            let Ok(fetch) = self.bucket.fetch_range(&file.file, range.clone()) else {
+            let Ok(fetch) = self.files.fetch_range(&file.file, range.clone()) else {
                 return; // no runtime: every read fetches for itself
             };
             *state.spent.entry(shard).or_default() += range.end - range.start + REQUEST_COST;
@@ -231,7 +235,7 @@ impl Planned {
             }
         }
         let range = record.offset..record.offset + record.stored_len;
-        self.bucket.fetch_range(&file.file, range)?.wait().map(Some)
+        self.files.fetch_range(&file.file, range)?.wait().map(Some)
     }
 
     /// Fetch shard `file` whole into the mirror, in the background, once its
@@ -253,7 +257,7 @@ impl Planned {
         let started = std::thread::Builder::new()
             .name("drt-mirror-fetch".into())
             .spawn(move || {
-                let fetched = this.bucket.download_known(
+                let fetched = this.files.download_known(
                     &file.file,
                     file.bytes,
                     &this.dir.join(&file.file),
@@ -262,11 +266,22 @@ impl Planned {
                 mirror::settle(file.bytes);
                 let mut state = this.lock();
                 state.fetching.remove(&shard);
-                if let Err(error) = fetched {
-                    // Read by range until a later plan tries again.
-                    eprintln!("warning: {error}");
-                    state.whole.remove(&shard);
-                    state.spent.insert(shard, 0);
+                match fetched {
+                    Ok(()) => {
+                        state.failed.remove(&shard);
+                    }
+                    Err(error) => {
+                        // Read by range until a later plan tries again.
+                        if state.failed.insert(shard) {
+                            eprintln!(
+                                "warning: {error}; its records are read by range meanwhile, \
+                                 and it is fetched whole again once they have cost its size \
+                                 (not warned again until a fetch of it succeeds)"
+                            );
+                        }
+                        state.whole.remove(&shard);
+                        state.spent.insert(shard, 0);
+                    }
                 }
                 this.landed.notify_all();
             });

@@ -20,14 +20,14 @@ use crate::hash::xxh3_64;
 use crate::remote::Bucket;
 use crate::storage::index::IndexEntry;
 use crate::storage::manifest::FileEntry;
-use crate::storage::upload::Published;
+use crate::storage::upload::{Published, PublishedFiles};
 use crate::storage::{hex64, mirror, INDEX_FILE, MANIFEST_FILE, METADATA_FILE};
 
 /// The shards of a cache on object storage: records fetched by range before
 /// or when they are read (`Planned`), shards fetched whole into the mirror
 /// when that is cheaper or when a read needs the whole file.
 struct Mirrored {
-    bucket: Bucket,
+    files: PublishedFiles,
     mirror: PathBuf,
     planned: Arc<Planned>,
 }
@@ -51,7 +51,7 @@ impl ShardSource for Mirrored {
                     return Ok(file);
                 }
             }
-            self.bucket
+            self.files
                 .download_known(&entry.file, entry.bytes, path, &|_| {})?;
             mirror::evict(&self.mirror, path);
         }
@@ -98,7 +98,7 @@ impl Cache {
             .join(hex64(xxh3_64(bucket.url().as_bytes())))
             .join(&published.version)
             .join(name);
-        let files = bucket.child(&published.version);
+        let files = PublishedFiles::of(bucket, &published);
         for file in [MANIFEST_FILE, INDEX_FILE, METADATA_FILE] {
             if !dir.join(file).exists() {
                 files.download(file, &dir.join(file))?;
@@ -106,7 +106,7 @@ impl Cache {
         }
         let source = Mirrored {
             planned: Planned::new(files.clone(), &dir, mirror),
-            bucket: files,
+            files,
             mirror: mirror.to_path_buf(),
         };
         let cache = Self::open_from(&dir, false, Box::new(source))?;
@@ -129,28 +129,38 @@ impl Cache {
 mod tests {
     use super::super::fixture;
     use super::*;
+    use crate::storage::upload::{publish_cache, PUBLISHED};
     use crate::storage::{Codec, Manifest};
 
-    /// Publish the cache at `dir` under `root/<name>` as `upload` lays it
-    /// out, on a local directory seen as a bucket; returns that bucket.
-    fn publish(dir: &Path, root: &Path, name: &str, claimed_id: Option<u64>) -> Bucket {
+    /// Publish the cache at `dir` (named `c`) under `root/c` as `upload`
+    /// does, on a local directory seen as a bucket; returns that bucket.
+    fn publish(dir: &Path, root: &Path) -> Bucket {
+        let base = Bucket::local(root).unwrap();
+        assert!(publish_cache(dir, &base, false).unwrap().uploaded);
+        base.child("c")
+    }
+
+    /// Publish as a version before `Layout::Spread` did: every file at
+    /// `<version>/<file>`, a record without a layout, claiming `cache_id`.
+    fn publish_flat(dir: &Path, root: &Path, cache_id: u64) -> Bucket {
         let manifest = Manifest::read(dir).unwrap();
-        let bucket = Bucket::local(root).unwrap().child(name);
-        let version = format!("{}-v", hex64(manifest.cache_id));
+        let bucket = Bucket::local(root).unwrap().child("c");
+        let manifest_bytes = std::fs::read(dir.join(MANIFEST_FILE)).unwrap();
+        let version = format!(
+            "{}-{}",
+            hex64(manifest.cache_id),
+            hex64(xxh3_64(&manifest_bytes))
+        );
         let files = bucket.child(&version);
         let names = manifest.shards.iter().map(|s| s.file.as_str());
         for file in names.chain([INDEX_FILE, METADATA_FILE, MANIFEST_FILE]) {
             files.upload(&dir.join(file), file).unwrap();
         }
-        let record = Published {
-            format_version: crate::storage::FORMAT_VERSION,
-            cache_id: claimed_id.unwrap_or(manifest.cache_id),
-            version,
-        };
-        let body = serde_json::to_vec(&record).unwrap();
-        assert!(bucket
-            .create(crate::storage::upload::PUBLISHED, body)
-            .unwrap());
+        let body = format!(
+            r#"{{"format_version": {}, "cache_id": {cache_id}, "version": "{version}"}}"#,
+            crate::storage::FORMAT_VERSION
+        );
+        assert!(bucket.create(PUBLISHED, body.into_bytes()).unwrap());
         bucket
     }
 
@@ -171,7 +181,7 @@ mod tests {
         let base = tempfile::tempdir().unwrap();
         let lens = [700, 800, 900, 1000];
         let dir = fixture::write(&base.path().join("local"), "c", &lens, Codec::None, 2000);
-        let bucket = publish(&dir, &base.path().join("bucket"), "c", None);
+        let bucket = publish(&dir, &base.path().join("bucket"));
         let mirror = base.path().join("mirror");
         let cache = Cache::open_remote(&bucket, &mirror).unwrap();
         assert_eq!(
@@ -218,7 +228,7 @@ mod tests {
         // One shard far larger than a request's cost: it stays on the store.
         let lens = vec![100_000; 40];
         let dir = fixture::write(&base.path().join("local"), "c", &lens, Codec::None, 8 << 20);
-        let bucket = publish(&dir, &base.path().join("bucket"), "c", None);
+        let bucket = publish(&dir, &base.path().join("bucket"));
         let cache = Cache::open_remote(&bucket, &base.path().join("mirror")).unwrap();
         let entries: Vec<IndexEntry> = [5u64, 6, 30, 5]
             .iter()
@@ -233,12 +243,9 @@ mod tests {
         // A record whose bytes on the store were damaged fails its checksum,
         // planned or not.
         let shard = &cache.manifest().shards[0];
-        let object = base
-            .path()
-            .join("bucket")
-            .join("c")
-            .join(format!("{}-v", hex64(cache.cache_id())));
-        let path = object.join(&shard.file);
+        let published = Published::read(&bucket).unwrap().unwrap();
+        let path = PathBuf::from(PublishedFiles::of(&bucket, &published).object(&shard.file));
+        assert!(path.starts_with(base.path().join("bucket")), "{path:?}");
         let mut bytes = std::fs::read(&path).unwrap();
         let at = cache.entry(12).unwrap().offset as usize + 10;
         bytes[at] ^= 0xff;
@@ -256,7 +263,7 @@ mod tests {
         let base = tempfile::tempdir().unwrap();
         let lens = [700, 800];
         let dir = fixture::write(&base.path().join("local"), "c", &lens, Codec::None, 1 << 20);
-        let bucket = publish(&dir, &base.path().join("bucket"), "c", None);
+        let bucket = publish(&dir, &base.path().join("bucket"));
         let cache = Cache::open_remote(&bucket, &base.path().join("mirror")).unwrap();
         let path = cache.dir().join(&cache.manifest().shards[0].file);
         assert_eq!(cache.read(0).unwrap(), fixture::payload(0, 700));
@@ -285,7 +292,7 @@ mod tests {
             Err(other) => panic!("expected NotFound, got {other:?}"),
             Ok(_) => panic!("expected NotFound, it opened"),
         }
-        let bucket = publish(&dir, &root, "c", Some(7));
+        let bucket = publish_flat(&dir, &root, 7);
         match Cache::open_remote(&bucket, &mirror) {
             Err(err @ Error::CorruptCache { .. }) => {
                 assert!(err.to_string().contains("its publication record"), "{err}")
@@ -293,6 +300,75 @@ mod tests {
             Err(other) => panic!("expected a corrupt cache, got {other:?}"),
             Ok(_) => panic!("expected a corrupt cache, it opened"),
         }
+    }
+
+    #[test]
+    fn uploads_spread_their_files_over_key_prefixes() {
+        let base = tempfile::tempdir().unwrap();
+        let lens = vec![1000; 64];
+        let dir = fixture::write(&base.path().join("local"), "c", &lens, Codec::None, 4000);
+        let bucket = publish(&dir, &base.path().join("bucket"));
+        let published = Published::read(&bucket).unwrap().unwrap();
+        let record = std::fs::read_to_string(base.path().join("bucket/c").join(PUBLISHED));
+        assert!(record.unwrap().contains(r#""layout":"spread""#));
+        let version = base.path().join("bucket/c").join(&published.version);
+        let files = PublishedFiles::of(&bucket, &published);
+        let manifest = Manifest::read(&dir).unwrap();
+        assert!(manifest.shards.len() >= 16, "{}", manifest.shards.len());
+        let mut prefixes = std::collections::BTreeSet::new();
+        for shard in &manifest.shards {
+            let object = PathBuf::from(files.object(&shard.file));
+            let below = object.strip_prefix(&version).unwrap();
+            let prefix = below.parent().unwrap().to_string_lossy().to_string();
+            assert!(
+                prefix.len() == 2 && u8::from_str_radix(&prefix, 16).is_ok(),
+                "{below:?}"
+            );
+            assert!(object.is_file(), "{object:?}");
+            prefixes.insert(prefix);
+        }
+        assert!(prefixes.len() > manifest.shards.len() / 2, "{prefixes:?}");
+        assert!(
+            !version.join(&manifest.shards[0].file).exists(),
+            "none flat"
+        );
+        let cache = Cache::open_remote(&bucket, &base.path().join("mirror")).unwrap();
+        for (i, &len) in lens.iter().enumerate() {
+            assert_eq!(
+                cache.read(i as u64).unwrap(),
+                fixture::payload(i as u64, len)
+            );
+        }
+    }
+
+    #[test]
+    fn a_cache_published_before_layouts_is_read_where_it_is_and_not_uploaded_again() {
+        let base = tempfile::tempdir().unwrap();
+        let lens = [700, 800, 900, 1000];
+        let dir = fixture::write(&base.path().join("local"), "c", &lens, Codec::None, 2000);
+        let root = base.path().join("bucket");
+        let id = Manifest::read(&dir).unwrap().cache_id;
+        let bucket = publish_flat(&dir, &root, id);
+        let cache = Cache::open_remote(&bucket, &base.path().join("mirror")).unwrap();
+        for (i, &len) in lens.iter().enumerate() {
+            assert_eq!(
+                cache.read(i as u64).unwrap(),
+                fixture::payload(i as u64, len)
+            );
+        }
+        let before = std::fs::read(root.join("c").join(PUBLISHED)).unwrap();
+        let again = publish_cache(&dir, &Bucket::local(&root).unwrap(), false).unwrap();
+        assert!(!again.uploaded, "the same cache, already published");
+        assert_eq!(
+            std::fs::read(root.join("c").join(PUBLISHED)).unwrap(),
+            before
+        );
+        let version = root.join("c").join(&again.version);
+        let spread = std::fs::read_dir(&version).unwrap().flatten();
+        assert!(
+            spread.into_iter().all(|e| e.path().is_file()),
+            "no file written again"
+        );
     }
 
     #[test]
