@@ -1,11 +1,12 @@
-"""Cold replicas against MosaicML Streaming: the first record and the first epoch of
-a replica that has only the bucket, with an unbounded mirror and with a mirror of
-10 % of the dataset, against the same server over the local cache directory and
-against MosaicML Streaming (MDS) reading the same records from the same bucket.
+"""Cold replicas against MosaicML Streaming and LitData: the first record and the
+first epoch of a replica that has only the bucket, with an unbounded mirror and
+with a mirror of 10 % of the dataset, against the same server over the local cache
+directory and against MosaicML Streaming (MDS) and LitData reading the same records
+from the same bucket.
 
 Run from the project root (needs Ceph from Debian's packages, as .ci/run installs,
-and for MDS the ``peers`` group in ``.venv-peers``; without it MDS is skipped,
-saying why)::
+and for MDS and LitData the ``peers`` group in ``.venv-peers``; without it they are
+skipped, saying why)::
 
     uv run --no-sync python benchmarks/bench_streaming.py                 # 8,000 x 64 KiB (500 MiB)
     uv run --no-sync python benchmarks/bench_streaming.py --record-kib 1  # 100,000 x 1 KiB
@@ -13,10 +14,12 @@ saying why)::
     uv run --no-sync python benchmarks/bench_streaming.py --reps 5 --json out.json
 
 One one-node Ceph radosgw on loopback (memstore OSD, tests/ceph_s3.py) holds the
-records twice: our cache (``write_cache``, then ``upload_cache``) and the same
+records three times: our cache (``write_cache``, then ``upload_cache``), the same
 payloads as MDS shards (``MDSWriter``, column ``payload: bytes``, 64 MiB shards,
-no compression, uploaded with boto3). Every repetition runs each system once, in
-an order rotated from one repetition to the next:
+no compression) and as LitData chunks (``litdata.optimize``, one worker, ``{"payload":
+bytes}``, ``chunk_bytes="64MB"``, no compression), both uploaded with boto3. Every
+repetition runs each system once, in an order rotated from one repetition to the
+next:
 
 - **ours, cold**: a fresh ``python -m flight_server --dataset bench=s3://...``
   with an empty mirror (no bound); one plain ``pyarrow.flight`` client reads one
@@ -33,12 +36,17 @@ an order rotated from one repetition to the next:
   batch_size=<our server's batch rows>)`` iterated in process (no DataLoader
   workers); first sample timed from the construction, the epoch likewise. MDS
   reads S3 through boto3 (``S3_ENDPOINT_URL``).
+- **LitData, cold**: likewise, ``StreamingDataset(Dir(path=<fresh empty dir>,
+  url="s3://..."), shuffle=True, seed=<rep>, storage_options=<the store's endpoint
+  and keys>)``. LitData reads S3 through obstore (object_store's Python binding),
+  whose client options it fixes in code; plain HTTP to the loopback store needs
+  ``allow_http``, which the step adds to them (nothing else is changed).
 
 Every epoch checks its record count and payload bytes. The store's requests and
 bytes sent are radosgw's own counters (``perf dump``: ``rgw.req``, ``rgw.get_b``)
 read around each system's epochs, up to the stop of a replica (a background
 fetch still running at the end counts). A second table gives the CPU seconds per
-GiB served of the reader (the server process; MDS's whole process) and of the
+GiB served of the reader (the server process; a peer's whole process) and of the
 store (radosgw and the OSD, from ``/proc``). Loopback radosgw has far more
 bandwidth and far less latency than a remote store, but it runs on the same
 cores as the readers: where a system makes many requests, the store's CPU per
@@ -48,6 +56,7 @@ request is what bounds it here.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -70,14 +79,32 @@ from ceph_s3 import CephS3  # noqa: E402
 DATASET = "bench"
 BUCKET = "bench"
 OURS_PREFIX = "caches"
-MDS_PREFIX = "mds"
 MIB, GIB = common.MIB, common.GIB
 PEERS_PYTHON = common.PROJECT_ROOT / ".venv-peers" / "bin" / "python"
 DEFAULT_BYTES, QUICK_BYTES = 500 * MIB, 64 * MIB
 DEFAULT_MAX_RECORDS, QUICK_MAX_RECORDS = 100_000, 20_000
 STREAM_TIMEOUT = 600.0  # one epoch (a gRPC deadline on the call; MDS: its subprocess)
-SETUP_TIMEOUT = 900.0  # writing and uploading the MDS shards
-MEMSTORE_BYTES = 8 << 30  # tests/ceph_s3.py's memstore device: both copies live in it
+SETUP_TIMEOUT = 900.0  # writing and uploading a peer's shards
+MEMSTORE_BYTES = 8 << 30  # tests/ceph_s3.py's memstore device: every copy lives in it
+
+
+OURS = ("warm", "cold", "mirror1", "mirror2")
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A loader users would pick instead, run in .venv-peers on the same bucket."""
+
+    key: str  # its results, its steps (``<key>-write``, ``<key>-read``), its prefix
+    name: str  # in the tables
+    module: str  # what it imports as (its version)
+    package: str  # what it is installed as
+
+
+PEERS = (
+    Peer("mds", "MDS", "streaming", "mosaicml-streaming"),
+    Peer("litdata", "LitData", "litdata", "litdata"),
+)
 
 
 @dataclass
@@ -203,7 +230,7 @@ def stop_server(server: Any) -> None:
         raise common.BenchError(f"{server.name} exited with code {code} before its stop:\n{log}")
 
 
-# -- MDS: steps run by .venv-peers/bin/python (this file with --mds-step) -----------
+# -- the peers: steps run by .venv-peers/bin/python (this file with --peer-step) ------
 
 
 def mds_write(step: dict[str, Any]) -> dict[str, Any]:
@@ -259,31 +286,110 @@ def mds_read(step: dict[str, Any]) -> dict[str, Any]:
     return {"first": first, "seconds": seconds, "rows": rows, "bytes": nbytes, "cpu": cpu}
 
 
-MDS_STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "write": mds_write,
-    "read": mds_read,
+# What ``litdata_payload`` cuts from: set before ``optimize`` forks its worker.
+_LITDATA_POOL = b""
+_LITDATA_SIZE = 0
+
+
+def litdata_payload(offset: int) -> dict[str, bytes]:
+    return {"payload": _LITDATA_POOL[offset : offset + _LITDATA_SIZE]}
+
+
+def litdata_write(step: dict[str, Any]) -> dict[str, Any]:
+    """The same payloads as our cache as LitData chunks in ``local``, uploaded with boto3."""
+    global _LITDATA_POOL, _LITDATA_SIZE
+    import boto3
+    from litdata import optimize
+
+    local, _LITDATA_SIZE = Path(step["local"]), step["size"]
+    _LITDATA_POOL = common.payload_pool()
+    started = time.perf_counter()
+    optimize(
+        fn=litdata_payload,
+        inputs=list(common.payload_offsets(step["count"], step["size"])),
+        output_dir=str(local),
+        chunk_bytes="64MB",
+        num_workers=1,
+        start_method="fork",
+        verbose=False,
+    )
+    written = time.perf_counter() - started
+    s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+    files = sorted(p for p in local.iterdir() if p.is_file())
+    started = time.perf_counter()
+    for path in files:
+        s3.upload_file(str(path), step["bucket"], f"{step['prefix']}/{path.name}")
+    return {
+        "write_s": written,
+        "upload_s": time.perf_counter() - started,
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+    }
+
+
+def litdata_read(step: dict[str, Any]) -> dict[str, Any]:
+    """One cold shuffled epoch of LitData's ``StreamingDataset`` in this process."""
+    from litdata import StreamingDataset
+    from litdata.streaming import downloader
+    from litdata.streaming.resolver import Dir
+
+    # Plain HTTP to the loopback store: LitData fixes obstore's client options.
+    downloader._OBSTORE_CLIENT_OPTIONS = {  # type: ignore[attr-defined]
+        **downloader._OBSTORE_CLIENT_OPTIONS,  # type: ignore[attr-defined]
+        "allow_http": "true",
+    }
+    options = {
+        "endpoint_url": os.environ["S3_ENDPOINT_URL"],
+        "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": os.environ["AWS_SECRET_ACCESS_KEY"],
+    }
+    cpu = time.process_time()
+    started = time.perf_counter()
+    dataset = StreamingDataset(
+        Dir(path=step["local"], url=step["remote"]),
+        shuffle=True,
+        seed=step["seed"],
+        storage_options=options,
+    )
+    first = None
+    rows = nbytes = 0
+    for sample in dataset:
+        if first is None:
+            first = time.perf_counter() - started
+        nbytes += len(sample["payload"])
+        rows += 1
+    seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    return {"first": first, "seconds": seconds, "rows": rows, "bytes": nbytes, "cpu": cpu}
+
+
+PEER_STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "mds-write": mds_write,
+    "mds-read": mds_read,
+    "litdata-write": litdata_write,
+    "litdata-read": litdata_read,
 }
 
 
-def run_mds_step(step: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
+def run_peer_step(step: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
     """Run ``step`` in .venv-peers' interpreter; its last stdout line is its JSON answer."""
-    command = [str(PEERS_PYTHON), __file__, "--mds-step", json.dumps(step)]
+    command = [str(PEERS_PYTHON), __file__, "--peer-step", json.dumps(step)]
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, env=env,
             cwd=common.PROJECT_ROOT, check=False,
         )  # fmt: skip
     except subprocess.TimeoutExpired as error:
-        raise common.BenchError(f"MDS {step['kind']} took more than {timeout:.0f} s") from error
+        raise common.BenchError(f"{step['kind']} took more than {timeout:.0f} s") from error
     if done.returncode != 0:
         raise common.BenchError(
-            f"MDS {step['kind']} failed ({done.returncode}):\n{done.stderr[-3000:]}"
+            f"{step['kind']} failed ({done.returncode}):\n{done.stderr[-3000:]}"
         )
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def peers_problem() -> str | None:
-    """Why MDS cannot run here, or None."""
+def peer_problem(peer: Peer) -> str | None:
+    """Why ``peer`` cannot run here, or None."""
     if not PEERS_PYTHON.exists():
         return (
             f"{PEERS_PYTHON.relative_to(common.PROJECT_ROOT)} does not exist (create it with "
@@ -292,19 +398,19 @@ def peers_problem() -> str | None:
         )
     try:
         done = subprocess.run(
-            [str(PEERS_PYTHON), "-c", "import boto3, streaming; print(streaming.__version__)"],
+            [str(PEERS_PYTHON), "-c", f"import boto3, {peer.module}"],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
-        return "importing streaming in .venv-peers took more than 120 s"
+        return f"importing {peer.module} in .venv-peers took more than 120 s"
     if done.returncode != 0:
-        return f"streaming does not import in .venv-peers: {done.stderr.strip()[-500:]}"
+        return f"{peer.module} does not import in .venv-peers: {done.stderr.strip()[-500:]}"
     return None
 
 
-def mds_version() -> str:
+def peer_version(peer: Peer) -> str:
     done = subprocess.run(
-        [str(PEERS_PYTHON), "-c", "import streaming; print(streaming.__version__)"],
+        [str(PEERS_PYTHON), "-c", f"import {peer.module}; print({peer.module}.__version__)"],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     return done.stdout.strip()
@@ -341,17 +447,17 @@ def sizes(args: argparse.Namespace) -> Config:
     return Config(count, size, args.reps, rows)
 
 
-def check_room(workdir: Path, config: Config, with_mds: bool) -> None:
-    """Enough free disk for the cache, the MDS shards, one mirror and one MDS local
-    copy at a time; and the memstore for both copies in the bucket."""
-    copies = 4 if with_mds else 2
+def check_room(workdir: Path, config: Config, peers: int) -> None:
+    """Enough free disk for the cache, each peer's shards, one mirror and one peer's
+    local copy at a time; and the memstore for every copy in the bucket."""
+    copies = 2 + peers + (1 if peers else 0)
     need = int(config.total * copies * 1.1) + GIB
     free = shutil.disk_usage(workdir).free
     if free < need:
         raise common.BenchError(
             f"{common.human_bytes(free)} free under {workdir}, {common.human_bytes(need)} needed"
         )
-    stored = config.total * (2 if with_mds else 1) * 1.1
+    stored = config.total * (1 + peers) * 1.1
     if stored > MEMSTORE_BYTES * 0.8:
         raise common.BenchError(
             f"{common.human_bytes(stored)} in the bucket: more than the memstore's "
@@ -368,13 +474,13 @@ class Bench:
         self.config, self.ceph, self.root = config, ceph, root
         self.cache, self.url, self.cache_bytes = cache, url, cache_bytes
         self.mirror_max = cache_bytes // 10
-        self.mds_skipped: str | None = None
+        self.skipped: dict[str, str] = {}  # peer key: why it does not run
         self.setup_line = ""  # how long writing and uploading took
-        self.mds_env: dict[str, str] = {}
+        self.peer_env: dict[str, str] = {}
         self.local: Any = None
         self.results: dict[str, list[Any]] = {
-            key: [] for key in ("cold", "cold_start", "mirror1", "mirror2", "warm", "mds")
-        }
+            key: [] for key in ("cold", "cold_start", "mirror1", "mirror2", "warm")
+        } | {peer.key: [] for peer in PEERS}
 
     def log(self, message: str) -> None:
         print(f"[bench_streaming] {message}", file=sys.stderr, flush=True)
@@ -417,34 +523,37 @@ class Bench:
         self.results["warm"].append(epoch)
         self.log(f"rep {rep} warm local: {epoch.mib_s:.0f} MiB/s")
 
-    def mds(self, rep: int) -> None:
-        if self.mds_skipped:
+    def peer(self, peer: Peer, rep: int) -> None:
+        if peer.key in self.skipped:
             return
-        local = self.root / f"mds-local-{rep}"
+        local = self.root / f"{peer.key}-local-{rep}"
         step = {
-            "kind": "read",
-            "remote": f"s3://{BUCKET}/{MDS_PREFIX}",
+            "kind": f"{peer.key}-read",
+            "remote": f"s3://{BUCKET}/{peer.key}",
             "local": str(local),
             "seed": rep,
             "batch_size": self.config.batch_rows,
         }
         before = rgw_counters(self.ceph)
         try:
-            got = run_mds_step(step, self.mds_env, STREAM_TIMEOUT)
+            got = run_peer_step(step, self.peer_env, STREAM_TIMEOUT)
         finally:
             shutil.rmtree(local, ignore_errors=True)
         if (got["rows"], got["bytes"]) != self.config.expect or got["first"] is None:
             raise common.BenchError(
-                f"MDS: {got['rows']} samples / {got['bytes']} B, expected "
+                f"{peer.name}: {got['rows']} samples / {got['bytes']} B, expected "
                 f"{self.config.count} / {self.config.total} B"
             )
         epoch = Epoch(got["first"], got["seconds"], got["rows"], got["bytes"])
         epoch.reader_cpu = got["cpu"]
-        self.results["mds"].append(count_store(epoch, before, rgw_counters(self.ceph)))
-        self.log(f"rep {rep} MDS: {epoch.mib_s:.0f} MiB/s, first sample {epoch.first:.2f} s")
+        self.results[peer.key].append(count_store(epoch, before, rgw_counters(self.ceph)))
+        self.log(
+            f"rep {rep} {peer.name}: {epoch.mib_s:.0f} MiB/s, first sample {epoch.first:.2f} s"
+        )
 
     def run(self) -> None:
-        systems = [self.cold, self.mirror, self.warm, self.mds]
+        peers = [functools.partial(self.peer, peer) for peer in PEERS]
+        systems = [self.cold, self.mirror, self.warm, *peers]
         for rep in range(self.config.reps):
             shift = rep % len(systems)
             for system in systems[shift:] + systems[:shift]:
@@ -474,7 +583,7 @@ def ratios(top: Sequence[Epoch], bottom: Sequence[Epoch], key: Callable[[Epoch],
 
 def report(bench: Bench) -> str:
     r = bench.results
-    warm, mds = r["warm"], r["mds"]
+    warm = r["warm"]
     rate = lambda e: e.mib_s  # noqa: E731
     first = lambda e: e.first  # noqa: E731
     rows = []
@@ -483,40 +592,39 @@ def report(bench: Bench) -> str:
         ("cold", "ours, cold replica", 0.8),
         ("mirror1", "ours, 10 % mirror, epoch 1", 0.5),
         ("mirror2", "ours, 10 % mirror, epoch 2", 0.5),
-        ("mds", "MDS StreamingDataset, cold", None),
+        *((peer.key, f"{peer.name} StreamingDataset, cold", None) for peer in PEERS),
     ):
         epochs = r[key]
         if not epochs:
-            rows.append([label, "skipped", "-", "-", "-", "-", "-", "-"])
+            rows.append([label, "skipped", "-", "-", *["-"] * (2 * len(PEERS) + 2)])
             continue
         remote = key != "warm"
         vs_warm = ratios(epochs, warm, rate) if key != "warm" else "1.00x"
         if target is not None:
             median = statistics.median(e.mib_s / w.mib_s for e, w in zip(epochs, warm, strict=True))
             vs_warm += f" {'>=' if median >= target else '<'} {target}"
+        against = []
+        for peer in PEERS:
+            theirs = r[peer.key]
+            if key == peer.key:
+                against += ["1.00x", "1.00x"]
+            else:
+                against += [ratios(epochs, theirs, rate), ratios(theirs, epochs, first)]
         rows.append(
             [
                 label,
                 spread([e.first * 1e3 for e in epochs], ".0f"),
                 spread([e.mib_s for e in epochs], ".0f"),
                 vs_warm,
-                ratios(epochs, mds, rate) if key != "mds" else ("1.00x" if mds else "-"),
-                ratios(mds, epochs, first) if key != "mds" else ("1.00x" if mds else "-"),
+                *against,
                 spread([e.requests_per_gib for e in epochs], ".0f") if remote else "-",
                 spread([e.fetched_per_served for e in epochs], ".2f") if remote else "-",
             ]
         )
-    header = [
-        "system",
-        "first record ms",
-        "MiB/s",
-        "vs warm",
-        "vs MDS MiB/s",
-        "MDS first / ours",
-        "store req / GiB",
-        "fetched / served",
-    ]
-    return common.render(header, rows)
+    header = ["system", "first record ms", "MiB/s", "vs warm"]
+    for peer in PEERS:
+        header += [f"vs {peer.name} MiB/s", f"{peer.name} first / ours"]
+    return common.render([*header, "store req / GiB", "fetched / served"], rows)
 
 
 def cpu_report(bench: Bench) -> str:
@@ -527,7 +635,7 @@ def cpu_report(bench: Bench) -> str:
         ("cold", "ours, cold replica"),
         ("mirror1", "ours, 10 % mirror, epoch 1"),
         ("mirror2", "ours, 10 % mirror, epoch 2"),
-        ("mds", "MDS StreamingDataset, cold"),
+        *((peer.key, f"{peer.name} StreamingDataset, cold") for peer in PEERS),
     ):
         epochs = bench.results[key]
         if not epochs:
@@ -535,7 +643,7 @@ def cpu_report(bench: Bench) -> str:
         rows.append(
             [
                 label,
-                spread([e.info * 1e3 for e in epochs], ".0f") if key != "mds" else "-",
+                spread([e.info * 1e3 for e in epochs], ".0f") if key in OURS else "-",
                 spread([e.cpu_per_gib(e.reader_cpu) for e in epochs], ".2f"),
                 spread([e.cpu_per_gib(e.store_cpu) for e in epochs], ".2f")
                 if key != "warm"
@@ -555,23 +663,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, help="record count (default: 500 MiB of them, "
                         f"at most {DEFAULT_MAX_RECORDS:,})")  # fmt: skip
     parser.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
-    parser.add_argument("--no-mds", action="store_true", help="leave MDS out")
-    parser.add_argument("--mds-step", help=argparse.SUPPRESS)  # run in .venv-peers
+    parser.add_argument("--no-peers", action="store_true", help="leave MDS and LitData out")
+    parser.add_argument("--peer-step", help=argparse.SUPPRESS)  # run in .venv-peers
     args = parser.parse_args(argv)
-    if args.mds_step:
-        step = json.loads(args.mds_step)
-        print(json.dumps(MDS_STEPS[step["kind"]](step)), flush=True)
+    if args.peer_step:
+        step = json.loads(args.peer_step)
+        print(json.dumps(PEER_STEPS[step["kind"]](step)), flush=True)
         return 0
     config = sizes(args)
     if config.reps < 1 or config.count < 1:
         parser.error("--reps and --records must be positive")
-    mds_skipped = "--no-mds" if args.no_mds else peers_problem()
+    skipped = {
+        peer.key: reason
+        for peer in PEERS
+        if (reason := "--no-peers" if args.no_peers else peer_problem(peer))
+    }
     load_start = os.getloadavg()
     started = time.perf_counter()
     with common.scratch_dir(args.data_dir, "bench-streaming-") as root:
-        check_room(root, config, mds_skipped is None)
+        check_room(root, config, len(PEERS) - len(skipped))
         with CephS3(root / "ceph") as ceph:
-            bench = setup(config, ceph, root, mds_skipped)
+            bench = setup(config, ceph, root, skipped)
             try:
                 bench.local, _ = start_server(
                     "local",
@@ -592,10 +704,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{bench.mirror_max}; DATASET_RT_REQUESTS_IN_FLIGHT {in_flight}; "
         f"{config.reps} repetitions, median (min-max)"
     )
-    if bench.mds_skipped:
-        print(f"MDS skipped: {bench.mds_skipped}")
-    else:
-        print(f"MDS: mosaicml-streaming {mds_version()}, batch_size {config.batch_rows}")
+    for peer in PEERS:
+        if peer.key in bench.skipped:
+            print(f"{peer.name} skipped: {bench.skipped[peer.key]}")
+        else:
+            print(f"{peer.name}: {peer.package} {peer_version(peer)}")
+    print(f"MDS's batch_size: {config.batch_rows}, our batch rows")
     print(bench.setup_line)
     print(report(bench))
     print(cpu_report(bench))
@@ -604,10 +718,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{spread(bench.results['cold_start'], '.2f')} s, not in its first record"
     )
     print(
-        "first record: ours from get_flight_info to the first batch; MDS from "
-        "StreamingDataset(...) to the first sample. vs MDS MiB/s: ours / MDS; "
-        "MDS first / ours: above 1, ours is sooner. reader CPU: the replica's (or the "
-        "local) server process, or MDS's whole process; store CPU: radosgw and the OSD"
+        "first record: ours from get_flight_info to the first batch; a peer's from "
+        "StreamingDataset(...) to the first sample. vs <peer> MiB/s: ours / theirs; "
+        "<peer> first / ours: above 1, ours is sooner. reader CPU: the replica's (or the "
+        "local) server process, or the peer's whole process; store CPU: radosgw and the OSD"
     )
     print(
         common.load_line(
@@ -624,8 +738,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def setup(config: Config, ceph: CephS3, root: Path, mds_skipped: str | None) -> Bench:
-    """The bucket with our cache and the MDS shards; the Bench over them."""
+def setup(config: Config, ceph: CephS3, root: Path, skipped: dict[str, str]) -> Bench:
+    """The bucket with our cache and each peer's shards; the Bench over them."""
     import dataset_rt as drt
 
     os.environ.update(ceph.environment())
@@ -644,34 +758,37 @@ def setup(config: Config, ceph: CephS3, root: Path, mds_skipped: str | None) -> 
         f"ours: written in {write_s:.1f} s, uploaded in {upload_s:.1f} s "
         f"({uploaded.bytes / MIB / upload_s:.0f} MiB/s)"
     )
-    bench.mds_skipped = mds_skipped
-    if mds_skipped is None:
-        # TMPDIR: StreamingDataset leaves its file locks there (removed with ``root``).
-        (root / "mds-tmp").mkdir()
-        bench.mds_env = {
-            **os.environ,
-            "S3_ENDPOINT_URL": ceph.endpoint,
-            "TMPDIR": str(root / "mds-tmp"),
-        }
+    bench.skipped = dict(skipped)
+    # TMPDIR: StreamingDataset leaves its file locks there (removed with ``root``).
+    (root / "peers-tmp").mkdir()
+    bench.peer_env = {
+        **os.environ,
+        "S3_ENDPOINT_URL": ceph.endpoint,
+        "TMPDIR": str(root / "peers-tmp"),
+    }
+    for peer in PEERS:
+        if peer.key in bench.skipped:
+            continue
         step = {
-            "kind": "write",
-            "local": str(root / "mds-out"),
+            "kind": f"{peer.key}-write",
+            "local": str(root / f"{peer.key}-out"),
             "count": config.count,
             "size": config.size,
             "bucket": BUCKET,
-            "prefix": MDS_PREFIX,
+            "prefix": peer.key,
         }
         try:
-            got = run_mds_step(step, bench.mds_env, SETUP_TIMEOUT)
+            got = run_peer_step(step, bench.peer_env, SETUP_TIMEOUT)
         except common.BenchError as error:
-            bench.mds_skipped = f"writing the MDS shards failed: {error}"
+            bench.skipped[peer.key] = f"writing its shards failed: {error}"
         else:
             line += (
-                f"; MDS: {got['files']} files written in {got['write_s']:.1f} s, uploaded "
-                f"in {got['upload_s']:.1f} s ({got['bytes'] / MIB / got['upload_s']:.0f} MiB/s)"
+                f"; {peer.name}: {got['files']} files written in {got['write_s']:.1f} s, "
+                f"uploaded in {got['upload_s']:.1f} s "
+                f"({got['bytes'] / MIB / got['upload_s']:.0f} MiB/s)"
             )
         finally:
-            shutil.rmtree(root / "mds-out", ignore_errors=True)
+            shutil.rmtree(root / f"{peer.key}-out", ignore_errors=True)
     bench.setup_line = line
     return bench
 
