@@ -233,9 +233,39 @@ def stop_server(server: Any) -> None:
 # -- the peers: steps run by .venv-peers/bin/python (this file with --peer-step) ------
 
 
+def uploaded(step: dict[str, Any], local: Path, write_s: float) -> dict[str, Any]:
+    """Upload the files a peer wrote to ``local`` with boto3, one after another."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+    files = sorted(p for p in local.iterdir() if p.is_file())
+    started = time.perf_counter()
+    for path in files:
+        s3.upload_file(str(path), step["bucket"], f"{step['prefix']}/{path.name}")
+    return {
+        "write_s": write_s,
+        "upload_s": time.perf_counter() - started,
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+    }
+
+
+def read_epoch(dataset: Any, started: float, cpu: float) -> dict[str, Any]:
+    """Iterate a peer's dataset in this process; first sample and epoch from ``started``."""
+    first = None
+    rows = nbytes = 0
+    for sample in dataset:
+        if first is None:
+            first = time.perf_counter() - started
+        nbytes += len(sample["payload"])
+        rows += 1
+    seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    return {"first": first, "seconds": seconds, "rows": rows, "bytes": nbytes, "cpu": cpu}
+
+
 def mds_write(step: dict[str, Any]) -> dict[str, Any]:
     """The same payloads as our cache as MDS shards in ``local``, uploaded with boto3."""
-    import boto3
     from streaming import MDSWriter
 
     local, size = Path(step["local"]), step["size"]
@@ -245,18 +275,7 @@ def mds_write(step: dict[str, Any]) -> dict[str, Any]:
     with MDSWriter(out=str(local), columns=columns, compression=None, progress_bar=False) as out:
         for offset in common.payload_offsets(step["count"], size):
             out.write({"payload": bytes(pool[offset : offset + size])})
-    written = time.perf_counter() - started
-    s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
-    files = sorted(p for p in local.iterdir() if p.is_file())
-    started = time.perf_counter()
-    for path in files:
-        s3.upload_file(str(path), step["bucket"], f"{step['prefix']}/{path.name}")
-    return {
-        "write_s": written,
-        "upload_s": time.perf_counter() - started,
-        "files": len(files),
-        "bytes": sum(p.stat().st_size for p in files),
-    }
+    return uploaded(step, local, time.perf_counter() - started)
 
 
 def mds_read(step: dict[str, Any]) -> dict[str, Any]:
@@ -274,16 +293,7 @@ def mds_read(step: dict[str, Any]) -> dict[str, Any]:
         shuffle_seed=step["seed"],
         batch_size=step["batch_size"],
     )
-    first = None
-    rows = nbytes = 0
-    for sample in dataset:
-        if first is None:
-            first = time.perf_counter() - started
-        nbytes += len(sample["payload"])
-        rows += 1
-    seconds = time.perf_counter() - started
-    cpu = time.process_time() - cpu
-    return {"first": first, "seconds": seconds, "rows": rows, "bytes": nbytes, "cpu": cpu}
+    return read_epoch(dataset, started, cpu)
 
 
 # What ``litdata_payload`` cuts from: set before ``optimize`` forks its worker.
@@ -298,7 +308,6 @@ def litdata_payload(offset: int) -> dict[str, bytes]:
 def litdata_write(step: dict[str, Any]) -> dict[str, Any]:
     """The same payloads as our cache as LitData chunks in ``local``, uploaded with boto3."""
     global _LITDATA_POOL, _LITDATA_SIZE
-    import boto3
     from litdata import optimize
 
     local, _LITDATA_SIZE = Path(step["local"]), step["size"]
@@ -313,18 +322,7 @@ def litdata_write(step: dict[str, Any]) -> dict[str, Any]:
         start_method="fork",
         verbose=False,
     )
-    written = time.perf_counter() - started
-    s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
-    files = sorted(p for p in local.iterdir() if p.is_file())
-    started = time.perf_counter()
-    for path in files:
-        s3.upload_file(str(path), step["bucket"], f"{step['prefix']}/{path.name}")
-    return {
-        "write_s": written,
-        "upload_s": time.perf_counter() - started,
-        "files": len(files),
-        "bytes": sum(p.stat().st_size for p in files),
-    }
+    return uploaded(step, local, time.perf_counter() - started)
 
 
 def litdata_read(step: dict[str, Any]) -> dict[str, Any]:
@@ -351,16 +349,7 @@ def litdata_read(step: dict[str, Any]) -> dict[str, Any]:
         seed=step["seed"],
         storage_options=options,
     )
-    first = None
-    rows = nbytes = 0
-    for sample in dataset:
-        if first is None:
-            first = time.perf_counter() - started
-        nbytes += len(sample["payload"])
-        rows += 1
-    seconds = time.perf_counter() - started
-    cpu = time.process_time() - cpu
-    return {"first": first, "seconds": seconds, "rows": rows, "bytes": nbytes, "cpu": cpu}
+    return read_epoch(dataset, started, cpu)
 
 
 PEER_STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {

@@ -400,6 +400,16 @@ def test_a_silent_store_is_unavailable_within_seconds_and_the_replica_recovers(
     assert a.active().population == population != before
 
 
+@pytest.fixture
+def published(
+    runtime: drt.DatasetRuntime, cache: Path, bucket: str, tmp_path: Path
+) -> tuple[str, pa.Table]:
+    """The module's cache uploaded to ``bucket``: its URL, and its epoch read locally."""
+    report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
+    local = DatasetService(runtime.native, NAME, [str(cache)], str(tmp_path / "local"))
+    return report.url, epoch(local)
+
+
 def slow_downs_counted(proxy: SlowDownProxy, before: int) -> int:
     """This process's count of slow-down answers since ``before``, once it has
     caught up with what the proxy sent (an answer is counted as it arrives)."""
@@ -412,7 +422,7 @@ def slow_downs_counted(proxy: SlowDownProxy, before: int) -> int:
 
 def test_slow_down_answers_are_retried_and_counted(
     runtime: drt.DatasetRuntime,
-    cache: Path,
+    published: tuple[str, pa.Table],
     ceph: CephS3,
     bucket: str,
     tmp_path: Path,
@@ -422,15 +432,14 @@ def test_slow_down_answers_are_retried_and_counted(
     a replica opens the cache, serves its epochs exactly and activates a
     population as if nothing happened; every slow-down answer was retried, and
     each is counted for /metrics."""
-    report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
-    expected = epoch(DatasetService(runtime.native, NAME, [str(cache)], str(tmp_path / "l")))
+    url, expected = published
     with SlowDownProxy(ceph.endpoint, "once") as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         before = drt._native.object_store_slow_downs()
         a = DatasetService(
             runtime.native,
             NAME,
-            [report.url],
+            [url],
             f"s3://{bucket}/state",
             mirror_dir=str(tmp_path / "m"),
         )
@@ -445,7 +454,7 @@ def test_slow_down_answers_are_retried_and_counted(
 
 def test_a_store_that_keeps_asking_to_slow_down_is_unavailable_not_damage(
     runtime: drt.DatasetRuntime,
-    cache: Path,
+    published: tuple[str, pa.Table],
     ceph: CephS3,
     bucket: str,
     tmp_path: Path,
@@ -455,14 +464,11 @@ def test_a_store_that_keeps_asking_to_slow_down_is_unavailable_not_damage(
     StoreUnavailableError (UNAVAILABLE over Flight, which clients retry): a stream
     under way, an activation, a replica's start; never CorruptCacheError, and
     nothing changes. Once the store serves again, the same replica works on."""
-    report = drt._native.upload_cache(str(cache), f"s3://{bucket}/caches")
-    expected = epoch(DatasetService(runtime.native, NAME, [str(cache)], str(tmp_path / "l")))
+    url, expected = published
     state = f"s3://{bucket}/state"
     with SlowDownProxy(ceph.endpoint, "off") as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        a = DatasetService(
-            runtime.native, NAME, [report.url], state, mirror_dir=str(tmp_path / "a")
-        )
+        a = DatasetService(runtime.native, NAME, [url], state, mirror_dir=str(tmp_path / "a"))
         before = a.active().population
         table = reweighted(a, 5.0)
         proxy.mode = "always"
@@ -475,9 +481,7 @@ def test_a_store_that_keeps_asking_to_slow_down_is_unavailable_not_damage(
         with pytest.raises(drt.StoreUnavailableError, match="slow down"):
             a.put(table, True)
         with pytest.raises(drt.StoreUnavailableError, match="slow down"):
-            DatasetService(
-                runtime.native, NAME, [report.url], state, mirror_dir=str(tmp_path / "b")
-            )
+            DatasetService(runtime.native, NAME, [url], state, mirror_dir=str(tmp_path / "b"))
         proxy.mode = "off"
         assert a.active().population == before
         assert epoch(a).equals(expected)
