@@ -251,8 +251,8 @@ impl Bucket {
                 Error::Unavailable(format!(
                     "object storage could not {action} an object: the store did not answer, \
                      refused the request or kept asking to slow down (the server's log has the \
-                     details); check that the store is reachable and that the credentials in the environment may read \
-                     and write the bucket"
+                     details); check that the store is reachable and that the credentials in \
+                     the environment may read and write the bucket"
                 ))
             }
         }
@@ -547,9 +547,8 @@ impl Bucket {
 
     /// Bytes `range` of the object `key` (`name`) written to `file` (at
     /// `path`) at the same offsets, piece by piece as they arrive: a range
-    /// is never gathered in memory first (each 32 MiB buffer was a fresh
-    /// mapping whose page faults and copy cost a cold replica a third of its
-    /// CPU).
+    /// is never gathered in memory first (a 32 MiB buffer per range, four per
+    /// shard in flight, each a fresh mapping faulted in and copied once more).
     async fn write_range(
         &self,
         key: &Key,
