@@ -372,6 +372,44 @@ mod tests {
     }
 
     #[test]
+    fn a_publication_record_of_an_unknown_layout_or_field_is_damage() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = fixture::write(
+            &base.path().join("local"),
+            "c",
+            &[10, 20],
+            Codec::None,
+            2000,
+        );
+        let root = base.path().join("bucket");
+        let bucket = publish(&dir, &root);
+        let record = root.join("c").join(PUBLISHED);
+        let good = std::fs::read_to_string(&record).unwrap();
+        for hostile in [
+            good.replace(r#""layout":"spread""#, r#""layout":"zigzag""#),
+            good.replace(
+                r#""layout":"spread""#,
+                r#""layout":"spread","keys":"../../x""#,
+            ),
+        ] {
+            assert_ne!(hostile, good);
+            std::fs::write(&record, &hostile).unwrap();
+            match Cache::open_remote(&bucket, &base.path().join("mirror")) {
+                Err(err @ Error::CorruptCache { .. }) => {
+                    assert!(
+                        err.to_string().contains("not a publication record"),
+                        "{err}"
+                    )
+                }
+                Err(other) => panic!("expected a corrupt cache, got {other:?}"),
+                Ok(_) => panic!("{hostile} was read as a publication record"),
+            }
+        }
+        std::fs::write(&record, &good).unwrap();
+        assert!(Cache::open_remote(&bucket, &base.path().join("mirror")).is_ok());
+    }
+
+    #[test]
     fn a_local_cache_has_every_shard_open_and_none_out_of_range() {
         let base = tempfile::tempdir().unwrap();
         let dir = fixture::write(base.path(), "c", &[10, 10], Codec::None, 10);
