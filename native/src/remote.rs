@@ -30,11 +30,15 @@ use object_store::{
 use crate::error::{Error, IoContext, Result};
 use crate::storage::temp::LockedTemp;
 
+pub mod counters;
 #[cfg(test)]
 pub(crate) mod counting;
 mod health;
+mod limits;
 mod slow_downs;
 use health::{Health, Probe};
+use limits::{downloads, in_flight};
+pub use limits::{parts_in_flight, requests_in_flight};
 
 /// Files up to this size are uploaded in one request, larger ones in parts.
 const SINGLE_PUT_BYTES: u64 = 16 << 20;
@@ -645,46 +649,6 @@ fn probe(store: &Arc<dyn ObjectStore>) -> Probe {
     })
 }
 
-/// Parts of an upload of many files in flight at once, over the files
-/// uploaded together (`upload_files`): `DATASET_RT_PARTS_IN_FLIGHT`, 8 unless
-/// set (two 64 MiB shards at a time, four parts each).
-pub fn parts_in_flight() -> usize {
-    static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| env_count("DATASET_RT_PARTS_IN_FLIGHT", 8, 256))
-}
-
-/// Ranged requests of the whole process in flight at once (planned reads,
-/// `fetch_range`): `DATASET_RT_REQUESTS_IN_FLIGHT`, 32 unless set. Enough to
-/// cover a store's latency at its bandwidth (64 KiB records at 1 ms each, 32
-/// at once: 2 GiB/s), few enough for one replica to stay a polite client.
-pub fn requests_in_flight() -> usize {
-    static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| env_count("DATASET_RT_REQUESTS_IN_FLIGHT", 32, 4096))
-}
-
-/// The count in the environment variable `name` when it is one from 1 to
-/// `max`, else `default`.
-fn env_count(name: &str, default: usize, max: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| (1..=max).contains(&n))
-        .unwrap_or(default)
-}
-
-/// Ranges of whole-object downloads in flight in the process (`download`).
-const DOWNLOADS_IN_FLIGHT: usize = 2;
-
-fn downloads() -> &'static tokio::sync::Semaphore {
-    static SEMAPHORE: OnceLock<tokio::sync::Semaphore> = OnceLock::new();
-    SEMAPHORE.get_or_init(|| tokio::sync::Semaphore::new(DOWNLOADS_IN_FLIGHT))
-}
-
-fn in_flight() -> &'static tokio::sync::Semaphore {
-    static SEMAPHORE: OnceLock<tokio::sync::Semaphore> = OnceLock::new();
-    SEMAPHORE.get_or_init(|| tokio::sync::Semaphore::new(requests_in_flight()))
-}
-
 type Fetched = std::result::Result<bytes::Bytes, Arc<object_store::Error>>;
 
 /// A ranged read started by `Bucket::fetch_range`: any number of readers may
@@ -720,31 +684,6 @@ impl Fetch {
             }
         }
     }
-}
-
-/// What this process asked of object storage: requests and bytes received,
-/// for the figures of a replica's load on its store (requests per GiB).
-pub mod counters {
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    static REQUESTS: AtomicU64 = AtomicU64::new(0);
-    static BYTES: AtomicU64 = AtomicU64::new(0);
-
-    /// One read request answered with `bytes` bytes.
-    pub fn request(bytes: u64) {
-        REQUESTS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(bytes, Ordering::Relaxed);
-    }
-
-    /// (read requests, bytes received) since the process started.
-    pub fn read() -> (u64, u64) {
-        (
-            REQUESTS.load(Ordering::Relaxed),
-            BYTES.load(Ordering::Relaxed),
-        )
-    }
-
-    pub use super::slow_downs::read as slow_downs;
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use arrow_array::{new_empty_array, Array, ArrayAccessor, ArrayRef, RecordBatch};
 use arrow_schema::SchemaRef;
 
-use super::open::map_checked;
+use super::checked::map_checked;
 use crate::error::{Error, Result};
 use crate::os::mapped::MappedFile;
 use crate::storage::manifest::Manifest;

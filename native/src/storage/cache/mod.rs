@@ -14,6 +14,7 @@
 //! | `verify.rs` | checking an open cache again: every checksum, a file cut or replaced |
 //! | `set.rs` | `CacheSet`: the caches of one dataset, by position or `cache_id` |
 
+mod checked;
 mod metadata;
 mod open;
 mod planned;

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::open::check_digest;
+use super::checked::check_digest;
 use crate::error::{Error, IoContext, Result};
 use crate::hash::xxh3_64;
 use crate::os::mapped::MappedFile;

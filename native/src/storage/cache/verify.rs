@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use super::open::check_digest;
+use super::checked::check_digest;
 use super::shard::{identity, Stamp};
 use super::Cache;
 use crate::error::{Error, Result};
