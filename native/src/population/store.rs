@@ -32,10 +32,9 @@
 //! restarted replica, another replica or a DataLoader worker). Writes do not
 //! scan `populations/`, which may hold thousands of files.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 
-use crate::ids::{PopulationId, RunId};
-use crate::run::fence::{Claim, Runs};
+use crate::ids::PopulationId;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -53,15 +52,17 @@ use crate::storage::publish::fsync_dir;
 use crate::storage::temp::{remove_abandoned, LockedTemp};
 
 const POPULATIONS: &str = "populations";
-const ACTIVE: &str = "active.json";
-const ACTIVATION_LOCK: &str = "active.lock";
-use super::remote::{ActivePopulation, RemoteLog};
+use super::remote::RemoteLog;
 use super::scratch::TEMP_PREFIX;
 use super::table_id::canonical;
 use super::writer::{write_population, WrittenPopulation};
 use super::Population;
 use crate::remote::Bucket;
 use crate::storage::CacheSet;
+
+mod activation;
+use activation::legacy_pointer;
+pub use activation::ActivationLock;
 
 pub struct PopulationStore {
     /// Where this process maps population files: the store's directory, or
@@ -79,13 +80,6 @@ pub struct PopulationStore {
     /// Whether a population's first fetch or rows build draws a progress bar
     /// (`set_show_progress`).
     show_progress: AtomicBool,
-}
-
-/// The right to change the active pointer: an exclusive lock on
-/// `active.lock`, held until this value is dropped.
-#[derive(Debug)]
-pub struct ActivationLock {
-    _file: File,
 }
 
 impl PopulationStore {
@@ -273,21 +267,6 @@ impl PopulationStore {
         Ok(())
     }
 
-    /// Wait for the activation lock (held by other threads or processes only
-    /// for the few writes of an activation).
-    pub fn lock_activation(&self) -> Result<ActivationLock> {
-        let path = self.dir.join(ACTIVATION_LOCK);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .at("cannot open", &path)?;
-        file.lock().at("cannot lock", &path)?;
-        Ok(ActivationLock { _file: file })
-    }
-
     /// Store `table` whole, without a rows file, as stores were written
     /// before populations streamed (tests of old stores; the id is the same).
     pub fn put_table(&self, table: &RecordBatch) -> Result<PopulationId> {
@@ -423,47 +402,6 @@ impl PopulationStore {
         Ok(ids)
     }
 
-    /// The active population: the newest valid entry of the activation log
-    /// (`remote.rs`), at most `Bucket::freshness` old.
-    pub fn active(&self) -> Result<Option<ActivePopulation>> {
-        self.log.active()
-    }
-
-    /// Replace the active pointer, durably (it has been renamed into place and
-    /// the directory fsynced when this returns).
-    pub fn set_active(&self, lock: &ActivationLock, active: &ActivePopulation) -> Result<()> {
-        self.update_active(lock, |_| Ok(Some(active.clone())))
-            .map(|_| ())
-    }
-
-    /// Change the active pointer by `change` of the current one (None: leave
-    /// it), durably, as the next entry of the activation log (retried on the
-    /// newest entry when another process or replica appended first).
-    /// Returns the active one afterwards.
-    pub fn update_active(
-        &self,
-        _lock: &ActivationLock,
-        mut change: impl FnMut(Option<&ActivePopulation>) -> Result<Option<ActivePopulation>>,
-    ) -> Result<Option<ActivePopulation>> {
-        self.log.update(&mut change)
-    }
-
-    /// Entries of the activation log skipped as damaged or hostile.
-    pub fn skipped_log_entries(&self) -> u64 {
-        self.log.skipped()
-    }
-
-    /// The runs resumed against this store (`run::fence`).
-    pub fn runs(&self) -> Runs {
-        Runs::new(self.shared.child("runs"))
-    }
-
-    /// The generation a resume of `run` gets (see `run::fence`), recorded
-    /// durably before it is returned.
-    pub fn claim_run(&self, run: &RunId, claim: Claim) -> Result<u64> {
-        self.runs().claim(run, claim)
-    }
-
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         let parent = path.parent().unwrap_or(&self.dir);
         let temp = LockedTemp::create_file(parent, TEMP_PREFIX)?;
@@ -480,25 +418,6 @@ impl PopulationStore {
         }
         written.map_err(|e| e.naming_target(temp.path(), path))?;
         fsync_dir(parent)
-    }
-}
-
-/// The active pointer of a directory store written before the activation
-/// log (`active.json`): where the log starts when it has no entry yet. A
-/// damaged one is reported and ignored, like a damaged log entry.
-fn legacy_pointer(shared: &Bucket) -> Result<Option<ActivePopulation>> {
-    let Some(bytes) = shared.get(ACTIVE)? else {
-        return Ok(None);
-    };
-    match serde_json::from_slice::<ActivePopulation>(&bytes) {
-        Ok(active) => Ok(Some(active)),
-        _ => {
-            eprintln!(
-                "warning: ignored {}/{ACTIVE}, which is not a valid active pointer",
-                shared.url()
-            );
-            Ok(None)
-        }
     }
 }
 
@@ -521,7 +440,9 @@ fn is_temp(file_name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::activation::{ACTIVATION_LOCK, ACTIVE};
     use super::*;
+    use crate::population::ActivePopulation;
     use arrow_array::{Float64Array, UInt64Array};
     use arrow_schema::{DataType, Field, Schema};
 
