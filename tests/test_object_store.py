@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -410,6 +411,15 @@ def published(
     return report.url, epoch(local)
 
 
+@pytest.fixture
+def throttling(ceph: CephS3, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlowDownProxy]:
+    """A slow-down proxy in front of the store, forwarding every request until its
+    ``mode`` says otherwise, as this process's S3 endpoint."""
+    with SlowDownProxy(ceph.endpoint, "off") as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        yield proxy
+
+
 def slow_downs_counted(proxy: SlowDownProxy, before: int) -> int:
     """This process's count of slow-down answers since ``before``, once it has
     caught up with what the proxy sent (an answer is counted as it arrives)."""
@@ -423,70 +433,61 @@ def slow_downs_counted(proxy: SlowDownProxy, before: int) -> int:
 def test_slow_down_answers_are_retried_and_counted(
     runtime: drt.DatasetRuntime,
     published: tuple[str, pa.Table],
-    ceph: CephS3,
+    throttling: SlowDownProxy,
     bucket: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A store that answers each request with S3's 503 SlowDown once (issue 49):
     a replica opens the cache, serves its epochs exactly and activates a
     population as if nothing happened; every slow-down answer was retried, and
     each is counted for /metrics."""
     url, expected = published
-    with SlowDownProxy(ceph.endpoint, "once") as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        before = drt._native.object_store_slow_downs()
-        a = DatasetService(
-            runtime.native,
-            NAME,
-            [url],
-            f"s3://{bucket}/state",
-            mirror_dir=str(tmp_path / "m"),
-        )
-        assert epoch(a).equals(expected)
-        assert epoch(a).equals(expected)
-        population, _ = a.put(reweighted(a, 3.0), True)
-        assert a.active().population == population
-        assert proxy.slow_downs > 10, "every distinct request was answered 503 once"
-        assert slow_downs_counted(proxy, before) == proxy.slow_downs
+    proxy, proxy.mode = throttling, "once"
+    before = drt._native.object_store_slow_downs()
+    a = DatasetService(
+        runtime.native, NAME, [url], f"s3://{bucket}/state", mirror_dir=str(tmp_path / "m")
+    )
+    assert epoch(a).equals(expected)
+    assert epoch(a).equals(expected)
+    population, _ = a.put(reweighted(a, 3.0), True)
+    assert a.active().population == population
+    assert proxy.slow_downs > 10, "every distinct request was answered 503 once"
+    assert slow_downs_counted(proxy, before) == proxy.slow_downs
     print(f"{proxy.slow_downs} slow-down answers retried, {proxy.forwarded} forwarded")
 
 
 def test_a_store_that_keeps_asking_to_slow_down_is_unavailable_not_damage(
     runtime: drt.DatasetRuntime,
     published: tuple[str, pa.Table],
-    ceph: CephS3,
+    throttling: SlowDownProxy,
     bucket: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """When every retry is answered 503 SlowDown too, what fails is
     StoreUnavailableError (UNAVAILABLE over Flight, which clients retry): a stream
     under way, an activation, a replica's start; never CorruptCacheError, and
     nothing changes. Once the store serves again, the same replica works on."""
     url, expected = published
-    state = f"s3://{bucket}/state"
-    with SlowDownProxy(ceph.endpoint, "off") as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        a = DatasetService(runtime.native, NAME, [url], state, mirror_dir=str(tmp_path / "a"))
-        before = a.active().population
-        table = reweighted(a, 5.0)
-        proxy.mode = "always"
-        start = time.monotonic()
-        with pytest.raises(drt.StoreUnavailableError, match="slow down") as failed:
-            epoch(a)
-        print(f"a throttled stream failed after {time.monotonic() - start:.1f} s")
-        assert time.monotonic() - start < WAIT_SECONDS
-        assert "127.0.0.1" not in str(failed.value), "the endpoint is the operator's"
-        with pytest.raises(drt.StoreUnavailableError, match="slow down"):
-            a.put(table, True)
-        with pytest.raises(drt.StoreUnavailableError, match="slow down"):
-            DatasetService(runtime.native, NAME, [url], state, mirror_dir=str(tmp_path / "b"))
-        proxy.mode = "off"
-        assert a.active().population == before
-        assert epoch(a).equals(expected)
-        population, _ = a.put(table, True)
-        assert a.active().population == population != before
+    state, proxy = f"s3://{bucket}/state", throttling
+    a = DatasetService(runtime.native, NAME, [url], state, mirror_dir=str(tmp_path / "a"))
+    before = a.active().population
+    table = reweighted(a, 5.0)
+    proxy.mode = "always"
+    start = time.monotonic()
+    with pytest.raises(drt.StoreUnavailableError, match="slow down") as failed:
+        epoch(a)
+    print(f"a throttled stream failed after {time.monotonic() - start:.1f} s")
+    assert time.monotonic() - start < WAIT_SECONDS
+    assert "127.0.0.1" not in str(failed.value), "the endpoint is the operator's"
+    with pytest.raises(drt.StoreUnavailableError, match="slow down"):
+        a.put(table, True)
+    with pytest.raises(drt.StoreUnavailableError, match="slow down"):
+        DatasetService(runtime.native, NAME, [url], state, mirror_dir=str(tmp_path / "b"))
+    proxy.mode = "off"
+    assert a.active().population == before
+    assert epoch(a).equals(expected)
+    population, _ = a.put(table, True)
+    assert a.active().population == population != before
 
 
 # -- caches -----------------------------------------------------------------------

@@ -11,21 +11,11 @@
 //! bandwidth. A request still throttled after its retries fails as any
 //! unanswered request does: `Unavailable`, which clients retry.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use async_trait::async_trait;
 use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
 };
 use object_store::ClientOptions;
-
-static SLOW_DOWNS: AtomicU64 = AtomicU64::new(0);
-
-/// Slow-down answers (503 or 429) this process received since it started,
-/// retried or not.
-pub fn read() -> u64 {
-    SLOW_DOWNS.load(Ordering::Relaxed)
-}
 
 /// `object_store`'s own HTTP client, each of its answers looked at once.
 #[derive(Debug, Default)]
@@ -47,7 +37,7 @@ impl HttpService for Counted {
         let response = self.0.execute(request).await?;
         let status = response.status().as_u16();
         if status == 503 || status == 429 {
-            SLOW_DOWNS.fetch_add(1, Ordering::Relaxed);
+            super::counters::slow_down();
         }
         Ok(response)
     }
