@@ -24,10 +24,10 @@
 //!
 //! A rows file's page sums (`storage::pages`, 0.2 % of the file) are read by
 //! every first touch of a page: on a cold file they are asked for whole at
-//! once (`Advice::WillNeed` over them, `PopulationRows::open`, which asks in
-//! steps: one `MADV_WILLNEED` reads no more than the device's read-ahead
-//! window). Faulted one by one, the sums page of each draw was a synchronous
-//! read queued behind the read-ahead's: a cold first batch at 10^9 rows took
+//! once (`Advice::WillNeed` over them, in `PopulationRows::open`; see
+//! `os::pages::WILL_NEED_STEP` for why in steps). Faulted one by one, the
+//! sums page of each draw was a synchronous read queued behind the
+//! read-ahead's: a cold first batch at 10^9 rows took
 //! 6-8 s, until the read-ahead was done, against 0.7-0.9 s with the sums in
 //! memory.
 //!
