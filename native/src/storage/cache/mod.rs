@@ -27,6 +27,7 @@ pub use shard::{identity as file_stamp, Stamp};
 mod verify;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::index::{IndexEntry, StoredEntry};
@@ -53,6 +54,8 @@ pub struct Cache {
     mapped_files: Vec<(&'static str, Arc<MappedFile>)>,
     /// Opened with the cache, or (on object storage) when first read.
     shards: Vec<OnceLock<Shard>>,
+    /// Set once every shard is open (a shard, once open, stays open).
+    every_shard_open: AtomicBool,
     shard_paths: Vec<PathBuf>,
     /// One lock per shard held while it is brought and opened on a first
     /// read, so that one fetch does not wait for another.

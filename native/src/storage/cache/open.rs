@@ -4,6 +4,7 @@
 //! for a cache on object storage, left to be fetched when first read).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::checked::map_checked;
@@ -84,6 +85,7 @@ impl Cache {
             metadata,
             mapped_files,
             shards,
+            every_shard_open: AtomicBool::new(false),
             shard_paths,
             opening,
             source,

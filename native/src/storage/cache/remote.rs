@@ -193,6 +193,10 @@ mod tests {
         let fetched = |i: usize| cache.dir().join(&cache.manifest().shards[i].file).exists();
         assert!(cache.dir().join(MANIFEST_FILE).exists());
         assert!(!fetched(0) && !fetched(1), "no shard before a read");
+        assert!(
+            !cache.every_shard_open(),
+            "a plan still has records to ask for"
+        );
 
         // The first read fetches its record alone; a shard smaller than what
         // a request costs is then fetched whole, in the background.
@@ -212,6 +216,10 @@ mod tests {
         assert!(
             cache.open_shard(1).is_some(),
             "read from the mirror once there"
+        );
+        assert!(
+            eventually(|| (0..4).all(|i| cache.read(i).is_ok()) && cache.every_shard_open()),
+            "every shard opens once it is in the mirror"
         );
 
         // Reopened: the mirror's files are used as they are.

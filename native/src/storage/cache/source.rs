@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::OnceLock;
 
 use bytes::Bytes;
@@ -99,6 +100,20 @@ impl Cache {
             Some(entry) if self.open_shard(shard).is_none() => self.source.record(entry, record),
             _ => Ok(None),
         }
+    }
+
+    /// Whether every shard is open, so that a plan has nothing to ask for:
+    /// always for a cache read in place, and for a mirrored one once each
+    /// shard was read. O(1) once true.
+    pub(super) fn every_shard_open(&self) -> bool {
+        if self.every_shard_open.load(Relaxed) {
+            return true;
+        }
+        let all = self.shards.iter().all(|shard| shard.get().is_some());
+        if all {
+            self.every_shard_open.store(true, Relaxed);
+        }
+        all
     }
 
     /// Tell the source which records of shards not open a stream reads next.
