@@ -8,8 +8,13 @@
 //! So a cold file starts with single-page faults and no read-around
 //! (`MADV_RANDOM`: a first batch is a few thousand 4 KiB reads), while a
 //! background thread reads the file front to back in 2 MiB steps through a
-//! mapping of its own with the huge-page hint (so the page cache holds it in
-//! 2 MiB folios, as a warm start would have). Then the hint returns.
+//! mapping of its own with the huge-page hint (so that the page cache can
+//! hold it in 2 MiB folios, as a warm start would have). Then the hint
+//! returns. Whether it does depends on the device's read-ahead: with 8 MiB of
+//! it, the fault on a small file's header reads the whole file in small
+//! folios before the hint applies; a rows file this process wrote (by
+//! `pwrite`) is in small folios too. Measured with 1 KiB records: a stream's
+//! CPU was the same with the file in 2 MiB pages or not.
 //!
 //! A file larger than 80 % of the memory available is not read ahead: it
 //! cannot stay in memory, and single-page faults are then the cheaper way to

@@ -13,6 +13,12 @@
 //!   by a private copy of the same bytes (`mremap` of a copy over the range:
 //!   readers see the old pages or the copy, never a gap), stops lending from
 //!   the shard and gives the lease up, so the writer goes on within one poll.
+//!   The lease outlives the shard's last loan until a poll finds that no loan
+//!   was made since the poll before, so that a stream lending from a shard
+//!   every few milliseconds keeps one lease instead of taking and giving up
+//!   one a record (three `fcntl` calls and the watcher's lock each). A break
+//!   is answered at the next poll all the same, so a writer waits at most one
+//!   poll for such a shard, and not at all for a shard that is merely open.
 //!   A file that cannot be leased (another writer has it open, a file system
 //!   without leases, a file owned by someone else without `CAP_LEASE`) is
 //!   not lent from: its records are copied, as before.
@@ -60,6 +66,8 @@ struct LendState {
     lease: Lease,
     /// Page-aligned byte ranges of the mapping out on loan, one per loan.
     lent: Vec<(usize, usize)>,
+    /// Whether a loan was made since the watcher's last poll.
+    lent_since_poll: bool,
 }
 
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +128,7 @@ impl Lender {
                 return None;
             }
             state.lent.push(range);
+            state.lent_since_poll = true;
         }
         let loan = Arc::new(Loan {
             lender: self.clone(),
@@ -167,40 +176,57 @@ impl Lender {
             // range may be a private copy then, which this would zero.
             // The range lies in a live mapping of ours.
             crate::os::pages::advise_raw(range.0, range.1 - range.0, Advice::DontNeed);
-            if state.lent.is_empty() {
-                // Held only while something is lent: a writer is never kept
-                // waiting by a shard that is merely open.
-                lease::release(&self.file);
-                state.lease = Lease::None;
-                unwatch(self);
-            }
         }
+        // With nothing lent the lease stays until a poll finds no loan made
+        // since the one before (`poll`): a stream's next loan comes sooner.
     }
 
-    /// A writer wants the file: make every lent range a private copy, stop
-    /// lending from this shard and give the lease up.
-    fn on_break(&self) {
+    /// The watcher's look at this shard's lease: on a break, every lent range
+    /// becomes a private copy and lending from this shard stops; with nothing
+    /// lent and no loan since the last poll, the lease is given up (a writer
+    /// is not kept waiting by a shard that is merely open).
+    fn poll(&self) {
         let mut state = self.state();
+        let lent_since_poll = std::mem::take(&mut state.lent_since_poll);
         if state.lease != Lease::Held {
             return;
         }
-        for (start, end) in merged(&state.lent) {
-            // SAFETY: the range lies in our live mapping, still intact (the
-            // writer waits for the lease).
-            unsafe { lease::replace_with_copy(start, end - start) };
+        if lease::breaking(&self.file) {
+            for (start, end) in merged(&state.lent) {
+                // SAFETY: the range lies in our live mapping, still intact
+                // (the writer waits for the lease).
+                unsafe { lease::replace_with_copy(start, end - start) };
+            }
+            // Nothing on loan: nothing became a copy, so this shard may lend
+            // again once the writer is gone (as one that held no lease).
+            state.lease = if state.lent.is_empty() {
+                Lease::None
+            } else {
+                Lease::Never
+            };
+        } else if state.lent.is_empty() && !lent_since_poll {
+            state.lease = Lease::None;
+        } else {
+            return;
         }
         lease::release(&self.file);
-        state.lease = Lease::Never;
         unwatch(self);
     }
 
-    /// Whether a lease break has started (checked by the watcher).
-    fn breaking(&self) -> bool {
-        lease::breaking(&self.file)
-    }
-
+    #[cfg(test)]
     fn holds_lease(&self) -> bool {
         self.state().lease == Lease::Held
+    }
+}
+
+impl Drop for Lender {
+    fn drop(&mut self) {
+        // The file may outlive this lender (the shard's reader holds it too):
+        // a lease left on it would hold a writer until `lease-break-time`.
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if state.lease == Lease::Held {
+            lease::release(&self.file);
+        }
     }
 }
 
@@ -229,9 +255,10 @@ fn merged(ranges: &[(usize, usize)]) -> Vec<(usize, usize)> {
     out
 }
 
-/// The lenders holding a lease now (few: a lease is held only while records
-/// are on loan), polled by one watcher thread. A lender enters with its lease
-/// and leaves when it gives the lease up, both under its own state lock.
+/// The lenders holding a lease now (few: a lease is held while records are on
+/// loan and up to two polls after), polled by one watcher thread. A lender
+/// enters with its lease and leaves when it gives the lease up, both under its
+/// own state lock.
 static WATCHED: Mutex<Watched> = Mutex::new(Watched {
     lenders: Vec::new(),
     running: false,
@@ -295,9 +322,7 @@ fn watch_leases() {
             watched.lenders.iter().filter_map(Weak::upgrade).collect()
         };
         for lender in lenders {
-            if lender.holds_lease() && lender.breaking() {
-                lender.on_break();
-            }
+            lender.poll();
         }
     }
 }
@@ -353,8 +378,12 @@ mod tests {
         assert_eq!(second.as_slice(), &bytes[4096 + 5..4096 + 5 + 300_000]);
         drop(second);
         assert!(
-            !lender.holds_lease(),
-            "the lease is given up with the last loan"
+            returned_holding_lease(&lender),
+            "the lease outlives the last loan until the watcher's next poll"
+        );
+        assert!(
+            eventually(|| !lender.holds_lease()),
+            "the lease is given up at a poll with nothing lent"
         );
         assert!(!is_watched(&lender), "and no longer polled");
         let again = lender.lend(0, bytes.len()).unwrap();
@@ -391,6 +420,71 @@ mod tests {
             "a loan keeps the bytes it was verified with"
         );
         assert!(lender.lend(0, 10).is_none(), "no loans from a broken lease");
+    }
+
+    /// Lend and return a range until the lease is seen held with nothing on
+    /// loan (the watcher may poll between a return and the look; not every
+    /// time): whether it was.
+    fn returned_holding_lease(lender: &Arc<Lender>) -> bool {
+        (0..1000).any(|_| {
+            drop(lender.lend(4096, 100_000));
+            lender.holds_lease()
+        })
+    }
+
+    /// Whether `done` turns true within 10 s (the watcher polls every 20 ms).
+    fn eventually(done: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(POLL / 4);
+        }
+        done()
+    }
+
+    #[test]
+    fn a_writer_waits_at_most_a_poll_for_a_lease_with_nothing_lent() {
+        let bytes = pattern(1 << 20);
+        let (_dir, path, lender) = shard(&bytes);
+        if !leases_work(&lender) {
+            eprintln!("no leases here; the copy path covers this file system");
+            return;
+        }
+        assert!(returned_holding_lease(&lender));
+        let started = Instant::now();
+        // Blocks until the watcher gives the lease up (the kernel's own
+        // `lease-break-time`, 45 s by default, is the bound of this wait).
+        let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(30));
+        assert!(!lender.holds_lease());
+        assert!(
+            lender.lend(0, 10).is_none(),
+            "not lent from while a writer has the file open"
+        );
+        drop(writer);
+        // Nothing was on loan at the break, so nothing became a copy: the
+        // shard lends again (after the retry delay of a refused lease).
+        assert!(eventually(|| lender.lend(0, 10).is_some()));
+    }
+
+    #[test]
+    fn a_lender_dropped_with_its_lease_gives_it_up() {
+        let bytes = pattern(1 << 20);
+        let (_dir, path, lender) = shard(&bytes);
+        if !leases_work(&lender) {
+            eprintln!("no leases here; the copy path covers this file system");
+            return;
+        }
+        let _file = lender.file.clone();
+        assert!(returned_holding_lease(&lender));
+        drop(lender);
+        // The file is still open (`_file`): a lease left on it would hold
+        // this open until the kernel's `lease-break-time`.
+        let started = Instant::now();
+        drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
+        assert!(started.elapsed() < Duration::from_secs(30));
     }
 
     #[test]

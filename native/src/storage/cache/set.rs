@@ -126,7 +126,8 @@ impl CacheSet {
 
     /// The records (cache, index entry) a stream reads next, in order: those
     /// of shards not open yet (a cache on object storage) are fetched now
-    /// (`planned`); for caches read in place this only looks.
+    /// (`planned`). Once every shard of every cache is open (a cache read in
+    /// place, from the start) the records are not looked at.
     pub fn plan(&self, records: impl Iterator<Item = (u32, IndexEntry)>) {
         // Not a record looked at while every shard is open (a stream's rows
         // are its hottest loop: this was a tenth of a 1 KiB stream's planning).
