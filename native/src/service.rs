@@ -248,9 +248,7 @@ impl DatasetService {
         // background, its old verdict forgotten; a damaged one is named.
         let loaded: Vec<Arc<Population>> = self.lock().ok()?.0.values().cloned().collect();
         for population in loaded {
-            if population.recheck() {
-                population.verify_in_background();
-            }
+            population.recheck();
             if let Some(error) = population.damage() {
                 return Some(error.to_string());
             }

@@ -548,14 +548,10 @@ fn a_damaged_key_is_an_error_where_the_identities_are_read() {
 /// the population's damage (before the batch is handed out), never a
 /// different epoch; draws that read no damaged page are exact; putting the
 /// file back serves the same epoch again.
-#[test]
-fn a_rows_file_written_over_in_place_fails_the_draws_that_read_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let caches = caches(&dir.path().join("caches"));
-    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
-    let n = 20_000usize;
-    let weights: Vec<f64> = (0..n).map(|i| 1.0 + (i % 10) as f64).collect();
-    let table = RecordBatch::try_from_iter([
+/// A table of `weights.len()` rows over the cache's records, in turn.
+fn weighted_table(caches: &CacheSet, weights: Vec<f64>) -> RecordBatch {
+    let n = weights.len();
+    RecordBatch::try_from_iter([
         (
             "cache_id",
             Arc::new(UInt64Array::from(vec![caches.caches()[0].cache_id(); n])) as ArrayRef,
@@ -574,7 +570,77 @@ fn a_rows_file_written_over_in_place_fails_the_draws_that_read_it() {
         ),
         ("weight", Arc::new(Float64Array::from(weights))),
     ])
-    .unwrap();
+    .unwrap()
+}
+
+/// A population of equal weights draws without reading its alias table (its
+/// rows file says so in its header, with a tag of its checksum), and draws
+/// the rows the table gives. A damaged or foreign value in that field loses
+/// the shortcut, never invents it.
+#[test]
+fn equal_weights_draw_the_rows_of_the_alias_table_without_reading_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let order = StreamOrder::Weighted { key: 5 };
+    let draws = |id: &PopulationId| {
+        let population = store.open_population(id, &caches).unwrap();
+        let mut rows = Vec::new();
+        order.rows_at(population.alias(), 0..50_000, &mut rows);
+        rows
+    };
+    let uniform_field = |path: &Path| {
+        let bytes = std::fs::read(path).unwrap();
+        u32::from_le_bytes(bytes[12..16].try_into().unwrap())
+    };
+    let set_uniform_field = |path: &Path, value: u32| {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes[12..16].copy_from_slice(&value.to_le_bytes());
+        std::fs::write(path, bytes).unwrap();
+    };
+
+    let equal = store
+        .put_table(&weighted_table(&caches, vec![2.5; 7_000]))
+        .unwrap();
+    let equal_path = store.scratch_dir().join(format!("{equal}.rows"));
+    let shortcut = draws(&equal); // builds the rows file
+    let tag = uniform_field(&equal_path);
+    assert_ne!(tag, 0, "an equal-weight table is marked");
+    let whole = Population::from_table(&caches, weighted_table(&caches, vec![2.5; 7_000])).unwrap();
+    let mut in_memory = Vec::new();
+    order.rows_at(whole.alias(), 0..50_000, &mut in_memory);
+    assert_eq!(shortcut, in_memory);
+    // As a build before the field wrote it (0), or damaged: the table is
+    // read, and gives the same rows.
+    for value in [0, tag ^ 0x100, u32::MAX] {
+        set_uniform_field(&equal_path, value);
+        assert_eq!(draws(&equal), shortcut, "field {value:#x}");
+    }
+    store.verify(&equal, &caches).unwrap();
+
+    let weights: Vec<f64> = (0..7_000).map(|i| 1.0 + (i % 10) as f64).collect();
+    let weighted = store.put_table(&weighted_table(&caches, weights)).unwrap();
+    let weighted_path = store.scratch_dir().join(format!("{weighted}.rows"));
+    let drawn = draws(&weighted);
+    assert_eq!(
+        uniform_field(&weighted_path),
+        0,
+        "unequal weights are not marked"
+    );
+    // Another file's tag, or any other value, is not this file's tag.
+    for value in [tag, 1, u32::MAX] {
+        set_uniform_field(&weighted_path, value);
+        assert_eq!(draws(&weighted), drawn, "field {value:#x}");
+    }
+}
+
+#[test]
+fn a_rows_file_written_over_in_place_fails_the_draws_that_read_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let caches = caches(&dir.path().join("caches"));
+    let store = PopulationStore::open(&dir.path().join("state")).unwrap();
+    let n = 20_000usize;
+    let table = weighted_table(&caches, (0..n).map(|i| 1.0 + (i % 10) as f64).collect());
     let id = store.put_table(&table).unwrap();
     let rows_path = store.scratch_dir().join(format!("{id}.rows"));
     let population = store.open_population(&id, &caches).unwrap();

@@ -297,7 +297,10 @@ def test_a_rows_file_written_over_in_place_never_serves_another_epoch(
     changed (331 of 20,000 draws); now every stream that reads the damaged page fails
     with the server's damage naming the file (INTERNAL, what it delivered before
     the failure is exact), /readyz names it, other datasets go on, and once the file
-    is put back the same epoch is served and the server is ready again."""
+    is put back the same epoch is served and the server is ready again. (The pages
+    written over are records' keys, which every draw reads; the alias table of this
+    equal-weight population is not read, see the next test. Alias pages of a
+    weighted population: ``native/tests/population_files.rs``.)"""
     _, args = two_datasets
     with ServerProcess(args) as server:
         client = flight.connect(server.location())
@@ -306,12 +309,8 @@ def test_a_rows_file_written_over_in_place_never_serves_another_epoch(
         assert len(epoch) == RECORDS
         (rows,) = (tmp_path / "state" / "damaged").glob("caches-*/populations/*.rows")
         original = rows.read_bytes()
-        alias_at = 64 + -(-RECORDS * 8 // 64) * 64
-        page = slice(alias_at + 4096, alias_at + 8192)
-        time.sleep(0.02)  # another modification time than the file's
-        with rows.open("r+b") as file:  # in place: same inode, same length
-            file.seek(page.start)
-            file.write(bytes(b ^ 0x5A for b in original[page]))
+        page = slice(64 + 4096, 64 + 8192)  # keys of rows 512 to 1023
+        write_over(rows, page)
         for _ in range(3):
             got: list[int] = []
             with pytest.raises(flight.FlightInternalError) as failed:
@@ -333,6 +332,61 @@ def test_a_rows_file_written_over_in_place_never_serves_another_epoch(
             file.write(original[page])
         assert read_ids(client, "damaged", []) == epoch, "the same epoch once put back"
         until(lambda: readyz(url)[0] == 200, "ready again once the file is put back")
+        client.close()
+
+
+def write_over(rows: Path, page: slice) -> None:
+    """Flip the bits of ``page`` of ``rows`` in place (same inode, same length)."""
+    original = rows.read_bytes()
+    time.sleep(0.02)  # another modification time than the file's
+    with rows.open("r+b") as file:
+        file.seek(page.start)
+        file.write(bytes(b ^ 0x5A for b in original[page]))
+
+
+def test_an_unread_alias_table_written_over_never_serves_another_epoch(
+    two_datasets: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """The alias table of a population of equal weights is not read by draws (every
+    draw is its column, ``docs/sampling.md``), so no stream meets 4 KiB of it
+    written over in place: the first stream to see the changed file has it verified
+    in the background, and from then on streams fail with the server's damage, as
+    for a page they read. Before that, they deliver the same epoch; never another.
+    /readyz names the file, and once it is put back all is as before."""
+    _, args = two_datasets
+    with ServerProcess(args) as server:
+        client = flight.connect(server.location())
+        url = probes_url(server)
+        epoch = read_ids(client, "damaged", [])
+        (rows,) = (tmp_path / "state" / "damaged").glob("caches-*/populations/*.rows")
+        original = rows.read_bytes()
+        alias_at = 64 + -(-RECORDS * 8 // 64) * 64
+        page = slice(alias_at + 4096, alias_at + 8192)
+        write_over(rows, page)
+
+        def refused() -> bool:
+            got: list[int] = []
+            message = None
+            try:
+                read_ids(client, "damaged", got)
+            except flight.FlightInternalError as error:
+                message = str(error)
+            if message is None:
+                assert got == epoch, "a stream that ends is the same epoch"
+                return False
+            assert got == epoch[: len(got)], "what was delivered is the epoch's"
+            assert rows.name in message, message
+            assert "checksum" in message, message
+            return True
+
+        until(refused, "streams refuse the damaged population")
+        until(lambda: rows.name in readyz(url)[1], "/readyz names the damaged rows file")
+        assert server.process.poll() is None, f"the server died; {server.output()}"
+        with rows.open("r+b") as file:
+            file.seek(page.start)
+            file.write(original[page])
+        until(lambda: readyz(url)[0] == 200, "ready again once the file is put back")
+        assert read_ids(client, "damaged", []) == epoch
         client.close()
 
 

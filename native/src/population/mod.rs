@@ -218,7 +218,7 @@ impl Population {
     }
 
     /// Whether the rows file on disk is no longer the one opened (one
-    /// `stat`); its pages are then verified again as they are read.
+    /// `stat`); its pages are then verified again (`PopulationRows::recheck`).
     pub fn recheck(&self) -> bool {
         self.rows.recheck()
     }
@@ -228,13 +228,6 @@ impl Population {
     pub fn verify_pages(&self) -> Option<Error> {
         self.rows.verify_pages();
         self.damage()
-    }
-
-    /// The rows file's pages verified on a thread of their own (one at a
-    /// time): for a file that changed on disk, so that readiness reports
-    /// damage in pages no stream has read yet.
-    pub fn verify_in_background(&self) {
-        self.rows.verify_in_background()
     }
 
     /// Whether every page of the rows file is verified (reads then check

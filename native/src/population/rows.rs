@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! offset 0    header, 64 bytes (little-endian):
-//!               magic "DRTROWS1" | version u32 = 3 (1 and 2 are read) | reserved u32
+//!               magic "DRTROWS1" | version u32 = 3 (1 and 2 are read) | uniform u32
 //!               rows u64 | caches key u64 | alias offset u64
 //!               file length u64 | xxh3-64 of bytes 64..file length
 //! offset 64   keys:    rows x u64   cache position << 40 | sample id
@@ -18,7 +18,12 @@
 //! read touches it (`storage::pages`), so a page damaged on disk or written
 //! over fails the batch that read it (the population's damage) instead of
 //! changing the epoch. The whole-file checksum is verified on request
-//! (`verify`), like a cache's file checksums. Files of versions 1 and 2 have
+//! (`verify`), like a cache's file checksums. `uniform` is 0, or, when every
+//! column of the alias table keeps itself (equal weights), a tag derived from
+//! the checksum (`uniform_tag`): draws then skip the table. A tag is never 0,
+//! and a damaged field matches it by chance once in 2^31, so damage can only
+//! lose the shortcut (the table gives the same draws), never invent it;
+//! builds that do not know the field ignore it. Files of versions 1 and 2 have
 //! no page sums: they are read as before (a damaged key can only name a
 //! record the cache refuses, or another record).
 //!
@@ -108,6 +113,8 @@ pub fn caches_key(caches: &CacheSet) -> u64 {
 
 struct Header {
     version: u32,
+    /// `uniform_tag(checksum)` when every alias column keeps itself, else 0.
+    uniform: u32,
     rows: u64,
     caches_key: u64,
     alias: u64,
@@ -133,10 +140,17 @@ impl Header {
         Header::layout(self.rows, self.version).1
     }
 
+    /// Whether the header says (with the tag of its checksum) that every
+    /// column of the alias table keeps itself.
+    fn keeps_every_column(&self) -> bool {
+        self.uniform != 0 && self.uniform == uniform_tag(self.checksum)
+    }
+
     fn bytes(&self) -> [u8; HEADER] {
         let mut out = [0u8; HEADER];
         out[..8].copy_from_slice(MAGIC);
         out[8..12].copy_from_slice(&self.version.to_le_bytes());
+        out[12..16].copy_from_slice(&self.uniform.to_le_bytes());
         let words = [
             self.rows,
             self.caches_key,
@@ -184,6 +198,7 @@ impl Header {
         }
         let header = Header {
             version,
+            uniform: u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]),
             rows: word(0),
             caches_key: word(1),
             alias: word(2),
@@ -246,7 +261,13 @@ impl PopulationRows {
         }
         Ok(PopulationRows {
             keys,
-            alias: AliasTable::stored(alias, header.alias as usize, pages.clone(), cold.clone()),
+            alias: AliasTable::stored(
+                alias,
+                header.alias as usize,
+                pages.clone(),
+                cold.clone(),
+                header.keeps_every_column(),
+            ),
             pages,
             stamp: std::sync::Mutex::new(stamp),
             cold,
@@ -327,7 +348,9 @@ impl PopulationRows {
 
     /// Whether the file on disk is no longer the one opened (written over in
     /// place, replaced, deleted): one `stat`. Its pages are then verified
-    /// again as they are read.
+    /// again, as they are read and on a thread of their own: whoever sees the
+    /// change first (a stream, a readiness probe), damage in pages no stream
+    /// reads (the alias table of equal weights) is found and reported.
     pub fn recheck(&self) -> bool {
         let now = std::fs::metadata(&self.path)
             .map(|m| crate::storage::file_stamp(&m))
@@ -340,6 +363,7 @@ impl PopulationRows {
         }
         *seen = now;
         self.pages.reset();
+        self.pages.verify_in_background();
         true
     }
 
@@ -351,11 +375,6 @@ impl PopulationRows {
 
     pub fn pages_verified(&self) -> bool {
         self.pages.all_verified()
-    }
-
-    /// `verify_pages` on a thread of its own (`CheckedPages::verify_in_background`).
-    pub fn verify_in_background(&self) {
-        self.pages.verify_in_background()
     }
 
     /// Row `row`'s record: (cache position, sample id). A row past the end or
@@ -493,19 +512,25 @@ impl RowsWriter {
             let columns: &mut [AliasColumn] =
                 cast_mut(&mut map[alias_at as usize..alias_at as usize + n * 8]);
             let stack: &mut [u32] = cast_mut(&mut stack_map[..n * 4]);
-            build_alias(weights, total, columns, stack)?;
+            let keeps_every_column = build_alias(weights, total, columns, stack)?;
             let sums_at = sums_at as usize;
             let sums = page_sums(&map, HEADER, sums_at);
             for (slot, sum) in map[sums_at..].chunks_exact_mut(8).zip(&sums) {
                 slot.copy_from_slice(&sum.to_le_bytes());
             }
+            let checksum = xxh3_64(&map[HEADER..]);
             let header = Header {
                 version: VERSION,
+                uniform: if keeps_every_column {
+                    uniform_tag(checksum)
+                } else {
+                    0
+                },
                 rows,
                 caches_key: caches_key(caches),
                 alias: alias_at,
                 len,
-                checksum: xxh3_64(&map[HEADER..]),
+                checksum,
             };
             map[..HEADER].copy_from_slice(&header.bytes());
             map.flush().at("cannot fsync", &path)?;
@@ -515,6 +540,13 @@ impl RowsWriter {
         remember_written(&path);
         Ok(keys_file)
     }
+}
+
+/// The header's `uniform` value of a file whose checksum is `checksum` and
+/// whose alias table keeps every column: never 0 (the value of every other
+/// file, and of files written before the field).
+fn uniform_tag(checksum: u64) -> u32 {
+    (checksum >> 32) as u32 | 1
 }
 
 fn cast<T: crate::storage::Plain>(bytes: &[u8]) -> &[T] {

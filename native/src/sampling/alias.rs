@@ -42,13 +42,15 @@ impl AliasColumn {
 /// Fill `columns` (one per weight) with the alias table of `weights`, whose sum
 /// in row order is `total`. `stack` (as long as `weights`) is working space:
 /// Vose's small and large lists, growing from its two ends. Weights are finite
-/// and > 0 (the population validates them).
+/// and > 0 (the population validates them). True when every column keeps
+/// itself (all weights on one side of their mean: equal, up to rounding), so
+/// that a draw is its column and the table need not be read.
 pub fn build_alias(
     weights: &[f64],
     total: f64,
     columns: &mut [AliasColumn],
     stack: &mut [u32],
-) -> Result<()> {
+) -> Result<bool> {
     let n = weights.len();
     if n == 0 {
         return Err(Error::invalid("cannot sample from an empty population"));
@@ -84,6 +86,8 @@ pub fn build_alias(
             stack[n - large] = i as u32;
         }
     }
+    // No column is paired with another when all are on one side of the mean.
+    let keeps_every_column = small == 0 || large == 0;
     while small > 0 && large > 0 {
         small -= 1;
         let s = stack[small] as usize;
@@ -110,7 +114,7 @@ pub fn build_alias(
             alias: i,
         };
     }
-    Ok(())
+    Ok(keeps_every_column)
 }
 
 fn fraction_to_threshold(p: f64) -> u32 {
@@ -132,6 +136,10 @@ pub struct AliasTable {
     at: usize,
     /// Set while the stored table is not in memory (`warmup`).
     cold: crate::warmup::Cold,
+    /// Every column keeps itself (`build_alias`): a draw is its column, with
+    /// no read of the table (for a population of equal weights, one random
+    /// read a draw less).
+    keeps_every_column: bool,
 }
 
 impl AliasTable {
@@ -146,29 +154,33 @@ impl AliasTable {
             weights.len()
         ];
         let mut stack = vec![0u32; weights.len()];
-        build_alias(weights, total, &mut columns, &mut stack)?;
+        let keeps_every_column = build_alias(weights, total, &mut columns, &mut stack)?;
         crate::os::prefetch::huge_pages(&columns);
         Ok(AliasTable {
             columns: Slab::from_vec(columns),
             pages: Arc::new(CheckedPages::trusted()),
             at: 0,
             cold: Default::default(),
+            keeps_every_column,
         })
     }
 
     /// A table built by `build_alias` where `columns` holds it, at byte `at`
-    /// of `pages`; `cold` while its file is not in memory.
+    /// of `pages`; `cold` while its file is not in memory;
+    /// `keeps_every_column` as `build_alias` returned it.
     pub fn stored(
         columns: Slab<AliasColumn>,
         at: usize,
         pages: Arc<CheckedPages>,
         cold: crate::warmup::Cold,
+        keeps_every_column: bool,
     ) -> Self {
         AliasTable {
             columns,
             pages,
             at,
             cold,
+            keeps_every_column,
         }
     }
 
@@ -187,6 +199,9 @@ impl AliasTable {
     #[inline]
     pub fn sample(&self, word: u64) -> usize {
         let product = word as u128 * self.columns.len() as u128;
+        if self.keeps_every_column {
+            return (product >> 64) as usize;
+        }
         self.pages.touch(self.at + (product >> 64) as usize * 8);
         let column = self.columns[(product >> 64) as usize];
         let fraction = ((product as u64) >> 32) as u32;
@@ -205,6 +220,10 @@ impl AliasTable {
         const BLOCK: usize = 32;
         let columns: &[AliasColumn] = &self.columns;
         let n = columns.len() as u128;
+        if self.keeps_every_column {
+            out.extend(words.map(|word| ((word as u128 * n) >> 64) as u32));
+            return;
+        }
         let mut products = [0u128; BLOCK];
         let mut words = words.peekable();
         while words.peek().is_some() {
@@ -285,5 +304,43 @@ mod tests {
             let table = AliasTable::new(&weights).unwrap();
             prop_assert_eq!(&*table.columns, &reference(&weights)[..]);
         }
+
+        #[test]
+        fn a_table_that_keeps_every_column_draws_as_when_it_is_read(
+            weights in prop_oneof![
+                (1usize..2000, prop_oneof![Just(1.0), Just(0.1), 0.001f64..1000.0])
+                    .prop_map(|(n, w)| vec![w; n]),
+                prop::collection::vec(prop_oneof![Just(1.0), Just(2.0)], 1..50),
+            ],
+            seed in any::<u64>(),
+        ) {
+            let table = AliasTable::new(&weights).unwrap();
+            let keeps = reference(&weights)
+                .iter()
+                .enumerate()
+                .all(|(i, column)| column.alias as usize == i);
+            prop_assert_eq!(table.keeps_every_column, keeps);
+            let read = AliasTable { keeps_every_column: false, ..AliasTable::new(&weights).unwrap() };
+            let words: Vec<u64> = (0..500).map(|k| crate::sampling::word_at(seed, k)).collect();
+            let (mut drawn, mut drawn_reading) = (Vec::new(), Vec::new());
+            table.sample_many(words.iter().copied(), &mut drawn);
+            read.sample_many(words.iter().copied(), &mut drawn_reading);
+            prop_assert_eq!(&drawn, &drawn_reading);
+            for (&word, &row) in words.iter().zip(&drawn) {
+                prop_assert_eq!(table.sample(word), row as usize);
+                prop_assert_eq!(read.sample(word), row as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn equal_weights_keep_every_column_and_unequal_ones_do_not() {
+        assert!(AliasTable::new(&[1.0; 1000]).unwrap().keeps_every_column);
+        assert!(AliasTable::new(&[3.5]).unwrap().keeps_every_column);
+        assert!(
+            !AliasTable::new(&[1.0, 2.0, 1.0])
+                .unwrap()
+                .keeps_every_column
+        );
     }
 }
