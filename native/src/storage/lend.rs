@@ -356,20 +356,25 @@ mod tests {
             .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(lender)))
     }
 
-    /// Whether this file system and user can take leases at all.
-    fn leases_work(lender: &Arc<Lender>) -> bool {
-        let lent = lender.lend(0, 1);
-        lent.is_some()
+    /// `shard` of `len` pattern bytes, where this file system and user can
+    /// take leases at all (None: the copy path covers this file system).
+    fn leased_shard(
+        len: usize,
+    ) -> Option<(Vec<u8>, tempfile::TempDir, std::path::PathBuf, Arc<Lender>)> {
+        let bytes = pattern(len);
+        let (dir, path, lender) = shard(&bytes);
+        if lender.lend(0, 1).is_none() {
+            eprintln!("no leases here; the copy path covers this file system");
+            return None;
+        }
+        Some((bytes, dir, path, lender))
     }
 
     #[test]
     fn a_loan_is_the_stored_bytes_and_its_return_keeps_them() {
-        let bytes = pattern(1 << 20);
-        let (_dir, _path, lender) = shard(&bytes);
-        if !leases_work(&lender) {
-            eprintln!("no leases here; the copy path covers this file system");
+        let Some((bytes, _dir, _path, lender)) = leased_shard(1 << 20) else {
             return;
-        }
+        };
         let first = lender.lend(4096 + 5, 300_000).unwrap();
         let second = lender.lend(4096 + 5, 300_000).unwrap();
         assert!(is_watched(&lender), "a lease held is watched");
@@ -393,12 +398,9 @@ mod tests {
 
     #[test]
     fn a_writer_waits_for_the_loans_to_become_copies_and_then_cuts_the_file() {
-        let bytes = pattern(1 << 20);
-        let (_dir, path, lender) = shard(&bytes);
-        if !leases_work(&lender) {
-            eprintln!("no leases here; the copy path covers this file system");
+        let Some((bytes, _dir, path, lender)) = leased_shard(1 << 20) else {
             return;
-        }
+        };
         let lent = lender.lend(8192, 500_000).unwrap();
         // The writer's open blocks on the lease until the watcher has made the
         // loan a private copy and given the lease up (a bounded wait: the
@@ -446,12 +448,9 @@ mod tests {
 
     #[test]
     fn a_writer_waits_at_most_a_poll_for_a_lease_with_nothing_lent() {
-        let bytes = pattern(1 << 20);
-        let (_dir, path, lender) = shard(&bytes);
-        if !leases_work(&lender) {
-            eprintln!("no leases here; the copy path covers this file system");
+        let Some((_, _dir, path, lender)) = leased_shard(1 << 20) else {
             return;
-        }
+        };
         assert!(returned_holding_lease(&lender));
         let started = Instant::now();
         // Blocks until the watcher gives the lease up (the kernel's own
@@ -471,12 +470,9 @@ mod tests {
 
     #[test]
     fn a_lender_dropped_with_its_lease_gives_it_up() {
-        let bytes = pattern(1 << 20);
-        let (_dir, path, lender) = shard(&bytes);
-        if !leases_work(&lender) {
-            eprintln!("no leases here; the copy path covers this file system");
+        let Some((_, _dir, path, lender)) = leased_shard(1 << 20) else {
             return;
-        }
+        };
         let _file = lender.file.clone();
         assert!(returned_holding_lease(&lender));
         drop(lender);
